@@ -1,0 +1,28 @@
+//! The usage-event contract shared by every Meterline service.
+//!
+//! One [`UsageEvent`] is produced per admitted request by `gateway-lite`,
+//! carried on topic [`TOPIC`] keyed by `tenant_id`, and stored by `ingest`.
+//! Anything that breaks the contract is rejected with a [`Violation`] whose
+//! [`Violation::code`] is stable (it is what the dead-letter table stores).
+//!
+//! Layout:
+//! - [`request_id`]: `req_` + UUIDv7 ids, time-ordered, and the day they fall in
+//! - [`event`]: the v1 event, its serde form and its content hash
+//! - [`validate`]: the rules an event must keep, each named
+//! - [`decode`]: bytes → validated event, or the violation that says why not
+//!
+//! Invariants: counts are integers, GPU time is an exact decimal with at most
+//! microsecond precision, timestamps are UTC. No floating point anywhere.
+
+pub mod decode;
+pub mod event;
+pub mod request_id;
+pub mod validate;
+
+pub use decode::decode;
+pub use event::{FinishReason, UsageEvent, GPU_SECONDS_SCALE, SCHEMA_VERSION};
+pub use request_id::RequestId;
+pub use validate::Violation;
+
+/// The Kafka topic carrying contract v1.
+pub const TOPIC: &str = "usage.events.v1";
