@@ -1,0 +1,200 @@
+//! Turns the consumer's feed into committed batches.
+//!
+//! A batch is flushed when it reaches `max_batch` messages or when its
+//! first message has waited `linger`. A failed commit (Postgres away) is
+//! retried with backoff, the batch kept in memory and the consumer held
+//! back by the bounded channel, so ingest keeps its place and resumes by
+//! itself.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+
+use crate::batch::{split, RawMessage};
+use crate::consumer::{Feed, HighWatermarks};
+use crate::offsets::ConsumerKey;
+use crate::store::{self, Outcome, Partitions};
+use crate::telemetry;
+
+/// Batching limits.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSettings {
+    pub max_batch: usize,
+    pub linger: Duration,
+}
+
+/// Why the batcher stopped.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// The feed closed (shutdown): everything received was committed.
+    Drained,
+    /// Another consumer moved these partitions' offsets: this one is a
+    /// zombie and must rejoin the group to get a fresh assignment.
+    Fenced(Vec<i32>),
+}
+
+pub struct Batcher {
+    pool: PgPool,
+    key: ConsumerKey,
+    settings: BatchSettings,
+    /// Owned partitions and the stored offset this consumer believes in.
+    owned: BTreeMap<i32, Option<i64>>,
+    pending: Vec<RawMessage>,
+    first_at: Option<Instant>,
+    partitions: Partitions,
+    watermarks: HighWatermarks,
+}
+
+impl Batcher {
+    pub fn new(
+        pool: PgPool,
+        key: ConsumerKey,
+        settings: BatchSettings,
+        watermarks: HighWatermarks,
+    ) -> Self {
+        Self {
+            pool,
+            key,
+            settings,
+            owned: BTreeMap::new(),
+            pending: Vec::with_capacity(settings.max_batch),
+            first_at: None,
+            partitions: Partitions::default(),
+            watermarks,
+        }
+    }
+
+    /// Runs until the feed closes or this consumer is fenced.
+    pub async fn run(mut self, mut feed: mpsc::Receiver<Feed>) -> Stopped {
+        loop {
+            let deadline = self.first_at.map(|t| t + self.settings.linger);
+            let next = tokio::select! {
+                next = feed.recv() => next,
+                () = sleep_until(deadline) => {
+                    if let Err(fenced) = self.flush().await {
+                        return Stopped::Fenced(fenced);
+                    }
+                    continue;
+                }
+            };
+            match next {
+                None => {
+                    return match self.flush().await {
+                        Ok(()) => Stopped::Drained,
+                        Err(fenced) => Stopped::Fenced(fenced),
+                    }
+                }
+                Some(Feed::Assigned(stored)) => self.owned.extend(stored),
+                Some(Feed::Revoked(partitions, ack)) => {
+                    let flushed = self.flush().await;
+                    for p in &partitions {
+                        self.owned.remove(p);
+                    }
+                    let _ = ack.send(());
+                    if let Err(fenced) = flushed {
+                        return Stopped::Fenced(fenced);
+                    }
+                }
+                Some(Feed::Messages(messages)) => {
+                    self.accept(messages);
+                    if self.pending.len() >= self.settings.max_batch {
+                        if let Err(fenced) = self.flush().await {
+                            return Stopped::Fenced(fenced);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Keeps messages of owned partitions that are not committed yet.
+    fn accept(&mut self, messages: Vec<RawMessage>) {
+        for m in messages {
+            let Some(stored) = self.owned.get(&m.partition) else {
+                continue;
+            };
+            if stored.is_some_and(|next| m.offset < next) {
+                continue;
+            }
+            if self.first_at.is_none() {
+                self.first_at = Some(Instant::now());
+            }
+            self.pending.push(m);
+        }
+    }
+
+    /// Commits what is pending, retrying until it lands. `Err` carries the
+    /// partitions this consumer has been fenced out of.
+    async fn flush(&mut self) -> Result<(), Vec<i32>> {
+        let mut backoff = Duration::from_millis(100);
+        while !self.pending.is_empty() {
+            let decoded = split(&self.pending, chrono::Utc::now());
+            let size = decoded.len();
+            let next_offsets = decoded.next_offsets.clone();
+            let started = Instant::now();
+            let result = match self
+                .partitions
+                .ensure(&self.pool, decoded.firsts.iter().map(|c| &c.event))
+                .await
+            {
+                Ok(()) => {
+                    store::commit_batch(&self.pool, &self.key, &self.owned, decoded).await
+                }
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(Outcome::Committed(counts)) => {
+                    telemetry::record_batch(size, started.elapsed(), &counts);
+                    for (p, next) in next_offsets {
+                        self.owned.insert(p, Some(next));
+                    }
+                    self.pending.clear();
+                    self.first_at = None;
+                    self.report_lag();
+                }
+                Ok(Outcome::Stale { done, fenced }) => {
+                    if !fenced.is_empty() {
+                        tracing::warn!(?fenced, "offsets moved by another consumer; rejoining");
+                        self.pending.clear();
+                        self.first_at = None;
+                        return Err(fenced);
+                    }
+                    tracing::info!(?done, "batch already committed for these partitions");
+                    for p in done {
+                        if let Some(next) = next_offsets.get(&p) {
+                            self.owned.insert(p, Some(*next));
+                        }
+                        self.pending.retain(|m| m.partition != p);
+                    }
+                }
+                Err(e) => {
+                    telemetry::record_commit_error();
+                    tracing::warn!(error = %e, retry_in = ?backoff, "batch commit failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn report_lag(&self) {
+        let Ok(marks) = self.watermarks.lock() else {
+            return;
+        };
+        for (p, next) in &self.owned {
+            if let (Some(high), Some(next)) = (marks.get(p), next) {
+                telemetry::record_lag(*p, (high - next).max(0));
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,65 @@
+//! Ingest's configuration: flags or environment variables, validated at
+//! start-up with errors that name the setting.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::error::IngestError;
+
+#[derive(Debug, Clone, Args)]
+pub struct IngestConfig {
+    /// Postgres URL.
+    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/meterline")]
+    pub database_url: String,
+    /// Kafka bootstrap servers, comma-separated.
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub kafka_brokers: String,
+    /// Topic carrying usage events.
+    #[arg(long, env = "INGEST_TOPIC", default_value = usage_contract::TOPIC)]
+    pub topic: String,
+    /// Consumer group; its offsets are kept in Postgres.
+    #[arg(long, env = "INGEST_GROUP", default_value = "meterline-ingest")]
+    pub group: String,
+    /// Flush a batch at this many messages.
+    #[arg(long, env = "INGEST_MAX_BATCH", default_value_t = 5000)]
+    pub max_batch: usize,
+    /// Flush a batch when its first message has waited this many milliseconds.
+    #[arg(long, env = "INGEST_LINGER_MS", default_value_t = 200)]
+    pub linger_ms: u64,
+    /// Where `/metrics` is served.
+    #[arg(long, env = "INGEST_METRICS_ADDR", default_value = "127.0.0.1:9101")]
+    pub metrics_addr: SocketAddr,
+}
+
+impl IngestConfig {
+    pub fn validate(&self) -> Result<(), IngestError> {
+        if !(1..=100_000).contains(&self.max_batch) {
+            return Err(IngestError::Config(format!(
+                "INGEST_MAX_BATCH must be between 1 and 100000, got {}",
+                self.max_batch
+            )));
+        }
+        if !(1..=60_000).contains(&self.linger_ms) {
+            return Err(IngestError::Config(format!(
+                "INGEST_LINGER_MS must be between 1 and 60000, got {}",
+                self.linger_ms
+            )));
+        }
+        if self.kafka_brokers.trim().is_empty() {
+            return Err(IngestError::Config("KAFKA_BROKERS is empty".into()));
+        }
+        if self.topic.trim().is_empty() || self.group.trim().is_empty() {
+            return Err(IngestError::Config("INGEST_TOPIC and INGEST_GROUP must not be empty".into()));
+        }
+        self.database_url
+            .parse::<sqlx::postgres::PgConnectOptions>()
+            .map_err(|e| IngestError::Config(format!("DATABASE_URL is not a Postgres URL: {e}")))?;
+        Ok(())
+    }
+
+    pub fn linger(&self) -> Duration {
+        Duration::from_millis(self.linger_ms)
+    }
+}

@@ -1,0 +1,115 @@
+//! Dead letters: listing them, and re-driving them after a fix (a tenant
+//! added, a producer bug understood). Re-driving is exactly-once: each dead
+//! letter is locked, re-decoded and applied in one transaction that also
+//! marks it re-driven, so running it twice, or from two shells, counts
+//! nothing twice.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use usage_contract::decode;
+
+use crate::batch::{Candidate, Decoded};
+use crate::store::{apply, Partitions};
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct DeadLetter {
+    pub dead_letter_id: i64,
+    pub topic: String,
+    pub kafka_partition: i32,
+    pub kafka_offset: i64,
+    pub reason_code: String,
+    pub reason: String,
+    pub tenant_id: Option<String>,
+    pub received_at: DateTime<Utc>,
+    pub redriven_at: Option<DateTime<Utc>>,
+    pub redrive_outcome: Option<String>,
+}
+
+/// Open (not yet re-driven) dead letters, oldest first, optionally of one reason.
+pub async fn list_open(
+    pool: &PgPool,
+    reason_code: Option<&str>,
+    limit: i64,
+) -> Result<Vec<DeadLetter>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT dead_letter_id, topic, kafka_partition, kafka_offset, reason_code, reason,
+                tenant_id, received_at, redriven_at, redrive_outcome
+         FROM dead_letters
+         WHERE redriven_at IS NULL AND ($1::text IS NULL OR reason_code = $1)
+         ORDER BY dead_letter_id LIMIT $2",
+    )
+    .bind(reason_code)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// What re-driving did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RedriveReport {
+    pub counted: u64,
+    pub duplicates: u64,
+    pub still_rejected: u64,
+}
+
+/// Re-drives every open dead letter of `reason_code` (or all).
+pub async fn redrive(pool: &PgPool, reason_code: Option<&str>) -> Result<RedriveReport, sqlx::Error> {
+    let mut report = RedriveReport::default();
+    let mut partitions = Partitions::default();
+    let open = list_open(pool, reason_code, i64::MAX).await?;
+    for dl in open {
+        let mut tx = pool.begin().await?;
+        let row: Option<(Vec<u8>,)> = sqlx::query_as(
+            "SELECT raw FROM dead_letters
+             WHERE dead_letter_id = $1 AND redriven_at IS NULL FOR UPDATE SKIP LOCKED",
+        )
+        .bind(dl.dead_letter_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((raw,)) = row else {
+            continue; // re-driven meanwhile by someone else
+        };
+        let outcome = match decode(&raw, Utc::now()) {
+            Err(violation) => format!("still rejected: {violation}"),
+            Ok(event) => {
+                partitions.ensure(pool, [&event]).await?;
+                let decoded = Decoded {
+                    firsts: vec![Candidate {
+                        hash: event.content_hash(),
+                        event,
+                        partition: dl.kafka_partition,
+                        offset: dl.kafka_offset,
+                    }],
+                    ..Decoded::default()
+                };
+                let counts = apply(&mut tx, decoded).await?;
+                if counts.inserted == 1 {
+                    "counted".to_owned()
+                } else if counts.duplicates == 1 {
+                    "duplicate".to_owned()
+                } else {
+                    "still rejected".to_owned()
+                }
+            }
+        };
+        let resolved = outcome == "counted" || outcome == "duplicate";
+        match outcome.as_str() {
+            "counted" => report.counted += 1,
+            "duplicate" => report.duplicates += 1,
+            _ => report.still_rejected += 1,
+        }
+        sqlx::query(
+            "UPDATE dead_letters SET redrive_outcome = $2,
+                 redriven_at = CASE WHEN $3 THEN now() ELSE NULL END
+             WHERE dead_letter_id = $1",
+        )
+        .bind(dl.dead_letter_id)
+        .bind(&outcome)
+        .bind(resolved)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+    }
+    Ok(report)
+}

@@ -1,0 +1,35 @@
+//! Kafka → Postgres, exactly once.
+//!
+//! Every usage event on `usage.events.v1` becomes one `request_log` row and
+//! is added once to `usage_hourly`; everything that can't be counted is kept
+//! in `dead_letters` with its reason. See "Exactly-once, end to end" in the
+//! architecture notes.
+//!
+//! Layout:
+//! - [`consumer`]: the group member on its own thread; start offsets come from Postgres
+//! - [`batcher`]: size/time batches, retries, fencing
+//! - [`batch`]: pure rules: decode, in-batch repeats, duplicate vs conflict, hourly sums
+//! - [`store`]: the one transaction per batch
+//! - [`offsets`]: offsets in Postgres, moved by compare-and-set
+//! - [`dead_letters`]: list and re-drive
+//! - [`telemetry`]: Prometheus metrics
+//! - [`service`], [`config`], [`error`]: the process around it
+//!
+//! Invariants: a batch's rows, hourly deltas, dead letters and offsets commit
+//! in one transaction or not at all; usage_hourly only ever receives rows
+//! that `INSERT … ON CONFLICT DO NOTHING` actually inserted; a consumer whose
+//! stored offset moved under it writes nothing.
+
+pub mod batch;
+pub mod batcher;
+pub mod config;
+pub mod consumer;
+pub mod dead_letters;
+pub mod error;
+pub mod offsets;
+pub mod service;
+pub mod store;
+pub mod telemetry;
+
+pub use config::IngestConfig;
+pub use error::IngestError;

@@ -1,0 +1,82 @@
+use clap::{Parser, Subcommand};
+use ingest::{dead_letters, IngestConfig};
+
+/// Meterline ingest: usage events from Kafka into Postgres, exactly once.
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    config: IngestConfig,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Consume until SIGTERM or Ctrl-C (the default).
+    Run,
+    /// List open dead letters as JSON lines.
+    DeadLetters {
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// Re-drive open dead letters (of one reason, or all) after a fix.
+    Redrive {
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,rdkafka=warn".into()),
+        )
+        .init();
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => ingest::service::run(cli.config, shutdown_signal()).await?,
+        Command::DeadLetters { reason, limit } => {
+            let pool = schema::connect(&cli.config.database_url, 2, std::time::Duration::from_secs(10)).await?;
+            for dl in dead_letters::list_open(&pool, reason.as_deref(), limit).await? {
+                println_json(&dl)?;
+            }
+        }
+        Command::Redrive { reason } => {
+            let pool = schema::connect(&cli.config.database_url, 2, std::time::Duration::from_secs(10)).await?;
+            let report = dead_letters::redrive(&pool, reason.as_deref()).await?;
+            println_json(&report)?;
+        }
+    }
+    Ok(())
+}
+
+#[expect(clippy::print_stdout, reason = "the admin commands print their answer")]
+fn println_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string(value)?);
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

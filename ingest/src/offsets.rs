@@ -1,0 +1,100 @@
+//! Consumer offsets kept in Postgres, next to the data they cover.
+//!
+//! The broker's committed offsets are advisory at most: where a consumer
+//! starts is what this table says, and the table only moves by
+//! compare-and-set inside the batch's own transaction. A consumer whose
+//! belief is out of date (a zombie after a rebalance) fails the CAS and its
+//! transaction rolls back.
+
+use std::collections::BTreeMap;
+
+use sqlx::{PgConnection, PgPool};
+
+/// Whose offsets: a consumer group reading a topic.
+#[derive(Debug, Clone)]
+pub struct ConsumerKey {
+    pub group: String,
+    pub topic: String,
+}
+
+/// What a compare-and-set found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cas {
+    Moved,
+    /// The stored offset was not the expected one; this is what it was.
+    Stale { stored: Option<i64> },
+}
+
+/// Moves `partition` from `expected` to `next`. `expected == None` means
+/// "no row yet": the row is created, and only one creator can win.
+pub async fn compare_and_set(
+    conn: &mut PgConnection,
+    key: &ConsumerKey,
+    partition: i32,
+    expected: Option<i64>,
+    next: i64,
+) -> Result<Cas, sqlx::Error> {
+    let moved = match expected {
+        Some(expected) => sqlx::query(
+            "UPDATE consumer_offsets SET next_offset = $4, updated_at = now()
+             WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = $3
+               AND next_offset = $5",
+        )
+        .bind(&key.group)
+        .bind(&key.topic)
+        .bind(partition)
+        .bind(next)
+        .bind(expected)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected(),
+        None => sqlx::query(
+            "INSERT INTO consumer_offsets (consumer_group, topic, kafka_partition, next_offset)
+             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+        )
+        .bind(&key.group)
+        .bind(&key.topic)
+        .bind(partition)
+        .bind(next)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected(),
+    };
+    if moved == 1 {
+        return Ok(Cas::Moved);
+    }
+    let stored: Option<(i64,)> = sqlx::query_as(
+        "SELECT next_offset FROM consumer_offsets
+         WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = $3",
+    )
+    .bind(&key.group)
+    .bind(&key.topic)
+    .bind(partition)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(Cas::Stale {
+        stored: stored.map(|(o,)| o),
+    })
+}
+
+/// The stored next offset of each partition (`None`: never committed).
+pub async fn load(
+    pool: &PgPool,
+    key: &ConsumerKey,
+    partitions: &[i32],
+) -> Result<BTreeMap<i32, Option<i64>>, sqlx::Error> {
+    let rows: Vec<(i32, i64)> = sqlx::query_as(
+        "SELECT kafka_partition, next_offset FROM consumer_offsets
+         WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = ANY($3)",
+    )
+    .bind(&key.group)
+    .bind(&key.topic)
+    .bind(partitions)
+    .fetch_all(pool)
+    .await?;
+    let mut out: BTreeMap<i32, Option<i64>> = partitions.iter().map(|&p| (p, None)).collect();
+    for (p, o) in rows {
+        out.insert(p, Some(o));
+    }
+    Ok(out)
+}

@@ -1,0 +1,49 @@
+//! The schema, and how a service reaches it.
+//!
+//! `migrations/` at the repository root is the only place the schema
+//! changes; [`MIGRATOR`] embeds it. Every service calls [`connect`] at
+//! start-up: it waits for Postgres (a service started before its database
+//! should wait, not crash), then applies pending migrations under sqlx's
+//! advisory lock, so several services starting at once are harmless.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error("DATABASE_URL is not a Postgres URL: {0}")]
+    BadUrl(sqlx::Error),
+    #[error("postgres did not answer within {0:?}: {1}")]
+    Unreachable(Duration, sqlx::Error),
+    #[error("applying migrations failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// Connects (retrying for up to `wait`) and applies the migrations.
+pub async fn connect(url: &str, max_connections: u32, wait: Duration) -> Result<PgPool, SchemaError> {
+    let options: PgConnectOptions = url.parse().map_err(SchemaError::BadUrl)?;
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut backoff = Duration::from_millis(100);
+    let pool = loop {
+        let attempt = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options.clone())
+            .await;
+        match attempt {
+            Ok(pool) => break pool,
+            Err(e) if tokio::time::Instant::now() + backoff < deadline => {
+                tracing::warn!(error = %e, retry_in = ?backoff, "postgres not reachable; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(SchemaError::Unreachable(wait, e)),
+        }
+    };
+    MIGRATOR.run(&pool).await?;
+    Ok(pool)
+}
