@@ -1,0 +1,62 @@
+//! The gateway's configuration, from flags or environment variables.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::error::GatewayError;
+
+#[derive(Debug, Clone, Args)]
+pub struct GatewayConfig {
+    /// Where the OpenAI-compatible API listens.
+    #[arg(long, env = "GATEWAY_ADDR", default_value = "127.0.0.1:8080")]
+    pub addr: SocketAddr,
+    /// Postgres URL (tenants and keys; never touched on the request path).
+    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/meterline")]
+    pub database_url: String,
+    /// Kafka bootstrap servers for the relay.
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub kafka_brokers: String,
+    /// Topic the relay publishes usage events to.
+    #[arg(long, env = "GATEWAY_TOPIC", default_value = usage_contract::TOPIC)]
+    pub topic: String,
+    /// The durable outbox file (created if missing).
+    #[arg(long, env = "GATEWAY_OUTBOX", default_value = ".stack/gateway-outbox.redb")]
+    pub outbox: PathBuf,
+    /// This gateway's id, stamped on every usage event.
+    #[arg(long, env = "GATEWAY_ID", default_value = "gw-1")]
+    pub gateway_id: String,
+    /// Tenants, keys and limits to upsert at start-up (YAML).
+    #[arg(long, env = "GATEWAY_TENANTS_FILE")]
+    pub tenants_file: Option<PathBuf>,
+    /// How often keys are reloaded from Postgres, in milliseconds.
+    #[arg(long, env = "GATEWAY_KEY_REFRESH_MS", default_value_t = 2000)]
+    pub key_refresh_ms: u64,
+    /// Simulated engine speed: 1 = real time, N = N times faster, 0 = no waiting.
+    #[arg(long, env = "ENGINE_SPEEDUP", default_value_t = 1)]
+    pub engine_speedup: u32,
+}
+
+impl GatewayConfig {
+    pub fn validate(&self) -> Result<(), GatewayError> {
+        if self.gateway_id.trim().is_empty() || self.gateway_id.len() > 200 {
+            return Err(GatewayError::Config("GATEWAY_ID must be 1 to 200 characters".into()));
+        }
+        if !(100..=600_000).contains(&self.key_refresh_ms) {
+            return Err(GatewayError::Config(format!(
+                "GATEWAY_KEY_REFRESH_MS must be between 100 and 600000, got {}",
+                self.key_refresh_ms
+            )));
+        }
+        if self.kafka_brokers.trim().is_empty() {
+            return Err(GatewayError::Config("KAFKA_BROKERS is empty".into()));
+        }
+        if let Some(parent) = self.outbox.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                GatewayError::Config(format!("GATEWAY_OUTBOX {}: {e}", self.outbox.display()))
+            })?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,80 @@
+//! Gateway errors, answered in OpenAI's shape:
+//! `{"error": {"message", "type", "param", "code"}}`. This is the one place
+//! errors become HTTP.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("missing or malformed Authorization header; send `Authorization: Bearer <key>`")]
+    MissingKey,
+    #[error("the API key is not valid or has been revoked")]
+    InvalidKey,
+    #[error("request body is not valid: {0}")]
+    BadRequest(String),
+    #[error("{message}")]
+    InvalidParam { param: &'static str, message: String },
+    #[error("the model `{0}` does not exist or you do not have access to it")]
+    UnknownModel(String),
+    #[error("usage could not be recorded durably; the request was not billed, retry it")]
+    Outbox(#[from] crate::outbox::OutboxError),
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("postgres: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(transparent)]
+    Schema(#[from] schema::SchemaError),
+    #[error("engine: {0}")]
+    Engine(String),
+}
+
+impl GatewayError {
+    pub fn status_code(&self) -> StatusCode {
+        match self {
+            Self::MissingKey | Self::InvalidKey => StatusCode::UNAUTHORIZED,
+            Self::BadRequest(_) | Self::InvalidParam { .. } => StatusCode::BAD_REQUEST,
+            Self::UnknownModel(_) => StatusCode::NOT_FOUND,
+            Self::Outbox(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Config(_) | Self::Database(_) | Self::Kafka(_) | Self::Schema(_) | Self::Engine(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+
+    /// OpenAI's `type` and `code` for this error.
+    fn kind(&self) -> (&'static str, Option<&'static str>) {
+        match self {
+            Self::MissingKey | Self::InvalidKey => ("invalid_request_error", Some("invalid_api_key")),
+            Self::BadRequest(_) | Self::InvalidParam { .. } => ("invalid_request_error", None),
+            Self::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
+            Self::Outbox(_) => ("server_error", Some("usage_not_recorded")),
+            Self::Config(_) | Self::Database(_) | Self::Kafka(_) | Self::Schema(_) | Self::Engine(_) => {
+                ("server_error", None)
+            }
+        }
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let status = self.status_code();
+        let (kind, code) = self.kind();
+        let message = if status.is_server_error() && !matches!(self, Self::Outbox(_)) {
+            tracing::error!(error = %self, "request failed");
+            "the server had an error while processing your request".to_owned()
+        } else {
+            self.to_string()
+        };
+        let param = match &self {
+            Self::InvalidParam { param, .. } => Some(*param),
+            _ => None,
+        };
+        let body = json!({"error": {"message": message, "type": kind, "param": param, "code": code}});
+        (status, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,153 @@
+//! Seeds tenants, keys and limits from a YAML file shaped like the
+//! reference tenant config. Upserts, so seeding twice is harmless. Keys in
+//! the file are hashed on the way in; only hashes reach Postgres.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use sqlx::PgPool;
+
+use crate::error::GatewayError;
+use crate::tenants::hash_key;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedFile {
+    pub tenants: Vec<TenantSeed>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TenantSeed {
+    pub name: String,
+    pub display_name: Option<String>,
+    pub plan: String,
+    pub priority: i16,
+    pub weight: i32,
+    pub rate_limit: RateLimit,
+    pub max_concurrency: i32,
+    pub billing_mode: String,
+    #[serde(default = "yes")]
+    pub shadow: bool,
+    #[serde(default = "utc")]
+    pub time_zone: String,
+    #[serde(default)]
+    pub slo: serde_norway::Value,
+    #[serde(default)]
+    pub keys: Vec<KeySeed>,
+    #[serde(default)]
+    pub limits: Vec<LimitSeed>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn utc() -> String {
+    "UTC".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RateLimit {
+    pub requests_per_second: i32,
+    pub burst: i32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySeed {
+    pub id: String,
+    /// The key itself: fine in a demo file, hashed before it is stored.
+    pub key: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LimitSeed {
+    pub model: String,
+    pub rpm: Option<i32>,
+    pub tpm: Option<i64>,
+    pub max_context: Option<i32>,
+    pub max_output: Option<i32>,
+}
+
+/// Reads and parses a seed file, naming the file and the problem on error.
+pub fn load(path: &Path) -> Result<SeedFile, GatewayError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| GatewayError::Config(format!("GATEWAY_TENANTS_FILE {}: {e}", path.display())))?;
+    serde_norway::from_str(&text)
+        .map_err(|e| GatewayError::Config(format!("GATEWAY_TENANTS_FILE {}: {e}", path.display())))
+}
+
+/// Upserts every tenant, key and limit in one transaction.
+pub async fn apply(pool: &PgPool, seed: &SeedFile) -> Result<(), GatewayError> {
+    let mut tx = pool.begin().await?;
+    for t in &seed.tenants {
+        sqlx::query(
+            "INSERT INTO tenants (tenant_id, display_name, plan, priority, wfq_weight, billing_mode,
+                 shadow, time_zone, requests_per_second, burst, max_concurrency)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+             ON CONFLICT (tenant_id) DO UPDATE SET display_name = EXCLUDED.display_name,
+                 plan = EXCLUDED.plan, priority = EXCLUDED.priority,
+                 wfq_weight = EXCLUDED.wfq_weight, billing_mode = EXCLUDED.billing_mode,
+                 shadow = EXCLUDED.shadow, time_zone = EXCLUDED.time_zone,
+                 requests_per_second = EXCLUDED.requests_per_second, burst = EXCLUDED.burst,
+                 max_concurrency = EXCLUDED.max_concurrency, updated_at = now()",
+        )
+        .bind(&t.name)
+        .bind(t.display_name.as_deref().unwrap_or(&t.name))
+        .bind(&t.plan)
+        .bind(t.priority)
+        .bind(t.weight)
+        .bind(&t.billing_mode)
+        .bind(t.shadow)
+        .bind(&t.time_zone)
+        .bind(t.rate_limit.requests_per_second)
+        .bind(t.rate_limit.burst)
+        .bind(t.max_concurrency)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| seed_error(&t.name, e))?;
+        for k in &t.keys {
+            let prefix: String = k.key.chars().take(8).collect();
+            sqlx::query(
+                "INSERT INTO api_keys (api_key_id, tenant_id, key_hash, key_prefix)
+                 VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (api_key_id) DO UPDATE SET key_hash = EXCLUDED.key_hash,
+                     key_prefix = EXCLUDED.key_prefix, tenant_id = EXCLUDED.tenant_id",
+            )
+            .bind(&k.id)
+            .bind(&t.name)
+            .bind(hash_key(&k.key).as_slice())
+            .bind(prefix)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| seed_error(&t.name, e))?;
+        }
+        for l in &t.limits {
+            sqlx::query(
+                "INSERT INTO limits (tenant_id, model, rpm, tpm, max_context, max_output)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (tenant_id, model) DO UPDATE SET rpm = EXCLUDED.rpm,
+                     tpm = EXCLUDED.tpm, max_context = EXCLUDED.max_context,
+                     max_output = EXCLUDED.max_output",
+            )
+            .bind(&t.name)
+            .bind(&l.model)
+            .bind(l.rpm)
+            .bind(l.tpm)
+            .bind(l.max_context)
+            .bind(l.max_output)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| seed_error(&t.name, e))?;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+fn seed_error(tenant: &str, e: sqlx::Error) -> GatewayError {
+    GatewayError::Config(format!("GATEWAY_TENANTS_FILE: tenant {tenant:?} was rejected: {e}"))
+}

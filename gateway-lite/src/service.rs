@@ -1,0 +1,102 @@
+//! Builds the gateway: state, router, background tasks, and the serve loop
+//! with graceful shutdown (stop taking requests, drain the outbox).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::HeaderValue;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use engine::{ModelProfile, Simulator};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::sync::watch;
+use usage_contract::RequestId;
+
+use crate::config::GatewayConfig;
+use crate::error::GatewayError;
+use crate::outbox::Outbox;
+use crate::tenants::Registry;
+use crate::{chat, relay, seed, telemetry};
+
+#[derive(Clone)]
+pub struct AppState {
+    pub registry: Registry,
+    pub engine: Arc<Simulator>,
+    pub outbox: Outbox,
+    pub gateway_id: String,
+    pub speedup: u32,
+}
+
+/// The HTTP API. Every response, error or not, carries `X-Request-Id`.
+pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
+    let mut router = Router::new()
+        .route("/v1/chat/completions", post(chat::completions))
+        .route("/v1/models", get(chat::models))
+        .route("/healthz", get(|| async { "ok" }));
+    if let Some(handle) = metrics {
+        router = router.route("/metrics", get(move || std::future::ready(handle.render())));
+    }
+    router
+        .with_state(state)
+        .layer(middleware::from_fn(request_id))
+}
+
+async fn request_id(mut req: Request, next: Next) -> Response {
+    let id = RequestId::new();
+    req.extensions_mut().insert(id);
+    let mut res = next.run(req).await;
+    if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
+        res.headers_mut().insert("x-request-id", value);
+    }
+    res
+}
+
+/// Runs the gateway until `shutdown` resolves.
+pub async fn run(config: GatewayConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), GatewayError> {
+    config.validate()?;
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|e| GatewayError::Config(format!("GATEWAY_ADDR {}: {e}", config.addr)))?;
+    let prometheus = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| GatewayError::Config(format!("metrics recorder: {e}")))?;
+    telemetry::describe();
+
+    let pool = schema::connect(&config.database_url, 4, Duration::from_secs(60)).await?;
+    if let Some(path) = &config.tenants_file {
+        let file = seed::load(path)?;
+        seed::apply(&pool, &file).await?;
+        tracing::info!(tenants = file.tenants.len(), "seeded tenants");
+    }
+    let registry = Registry::default();
+    let keys = registry.refresh(&pool).await?;
+    tracing::info!(keys, "loaded api keys");
+    registry.spawn_refresh(pool.clone(), Duration::from_millis(config.key_refresh_ms));
+
+    let outbox = Outbox::open(&config.outbox)?;
+    tracing::info!(waiting = outbox.depth(), path = %config.outbox.display(), "outbox open");
+    let producer = relay::producer(&config.kafka_brokers)?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let relay_task = tokio::spawn(relay::run(outbox.clone(), producer, config.topic.clone(), stop_rx));
+
+    let state = AppState {
+        registry,
+        engine: Arc::new(Simulator::new(ModelProfile::reference(), config.engine_speedup)),
+        outbox,
+        gateway_id: config.gateway_id.clone(),
+        speedup: config.engine_speedup,
+    };
+    tracing::info!(addr = %config.addr, "gateway listening");
+    axum::serve(listener, app(state, Some(prometheus)))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| GatewayError::Config(format!("serving on {}: {e}", config.addr)))?;
+    tracing::info!("stopped taking requests; draining the outbox");
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), relay_task).await;
+    Ok(())
+}
