@@ -1,0 +1,117 @@
+//! `GET /v1/tenants/{tenant}/usage?from=…&to=…`: the tenant's hourly usage
+//! rows in `[from, to)`, with totals. Numbers are integers; GPU time is a
+//! decimal string.
+
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+use crate::auth::{audit, Principal};
+use crate::error::BillingError;
+use crate::service::AppState;
+
+/// The longest range one call may ask for.
+const MAX_RANGE_DAYS: i64 = 366;
+
+#[derive(Debug, Deserialize)]
+pub struct Range {
+    from: String,
+    to: String,
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct HourRow {
+    pub hour: DateTime<Utc>,
+    pub model: String,
+    pub priority: i16,
+    pub requests: i64,
+    pub prompt_tokens: i64,
+    pub cached_tokens: i64,
+    pub completion_tokens: i64,
+    #[serde(with = "rust_decimal::serde::str")]
+    pub gpu_seconds: Decimal,
+    #[serde(with = "rust_decimal::serde::str")]
+    pub preempted_gpu_seconds: Decimal,
+    pub cancelled_requests: i64,
+    pub errored_requests: i64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Totals {
+    pub requests: i64,
+    pub prompt_tokens: i64,
+    pub cached_tokens: i64,
+    pub completion_tokens: i64,
+    #[serde(with = "rust_decimal::serde::str")]
+    pub gpu_seconds: Decimal,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UsageResponse {
+    pub tenant_id: String,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub hours: Vec<HourRow>,
+    pub totals: Totals,
+}
+
+fn parse_time(name: &str, value: &str) -> Result<DateTime<Utc>, BillingError> {
+    DateTime::parse_from_rfc3339(value)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| BillingError::BadRequest(format!("`{name}` must be an RFC 3339 time such as 2026-11-01T00:00:00Z: {e}")))
+}
+
+pub async fn tenant_usage(
+    State(state): State<AppState>,
+    who: Principal,
+    Path(tenant): Path<String>,
+    Query(range): Query<Range>,
+) -> Result<Json<UsageResponse>, BillingError> {
+    if !who.may_read_tenant(&tenant) {
+        return Err(BillingError::NotFound);
+    }
+    let from = parse_time("from", &range.from)?;
+    let to = parse_time("to", &range.to)?;
+    if to <= from {
+        return Err(BillingError::BadRequest("`to` must be after `from`".into()));
+    }
+    if (to - from).num_days() > MAX_RANGE_DAYS {
+        return Err(BillingError::BadRequest(format!("the range may span at most {MAX_RANGE_DAYS} days")));
+    }
+    let exists: Option<(String,)> = sqlx::query_as("SELECT tenant_id FROM tenants WHERE tenant_id = $1")
+        .bind(&tenant)
+        .fetch_optional(&state.pool)
+        .await?;
+    if exists.is_none() {
+        return Err(BillingError::NotFound);
+    }
+    let hours: Vec<HourRow> = sqlx::query_as(
+        "SELECT hour, model, priority, requests, prompt_tokens, cached_tokens, completion_tokens,
+                gpu_seconds, preempted_gpu_seconds, cancelled_requests, errored_requests
+         FROM usage_hourly WHERE tenant_id = $1 AND hour >= $2 AND hour < $3
+         ORDER BY hour, model, priority",
+    )
+    .bind(&tenant)
+    .bind(from)
+    .bind(to)
+    .fetch_all(&state.pool)
+    .await?;
+    let mut totals = Totals::default();
+    for h in &hours {
+        totals.requests += h.requests;
+        totals.prompt_tokens += h.prompt_tokens;
+        totals.cached_tokens += h.cached_tokens;
+        totals.completion_tokens += h.completion_tokens;
+        totals.gpu_seconds += h.gpu_seconds;
+    }
+    audit(&state.pool, &who, "read_usage", Some(&tenant)).await?;
+    Ok(Json(UsageResponse {
+        tenant_id: tenant,
+        from,
+        to,
+        hours,
+        totals,
+    }))
+}
