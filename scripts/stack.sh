@@ -228,8 +228,12 @@ get_nisshi() {
   [ -x "$NISSHI_BIN" ] || die "scripts/ensure-nisshi.sh printed '$NISSHI_BIN', which is not an executable"
 }
 
-# Runs nisshi from .stack (it reads a .env file from its working directory) with a known log level.
-nisshi() { (cd "$STACK" && NO_COLOR=1 RUST_LOG="${NISSHI_RUST_LOG:-warn}" "$NISSHI_BIN" "$@"); }
+# Runs `nisshi` from .stack (it reads a .env file from its working directory) with a known log
+# level, killed after <secs> seconds: nisshi timeout <secs> <args>.
+nisshi() {
+  local secs=$2; shift 2
+  (cd "$STACK" && NO_COLOR=1 RUST_LOG=warn timeout "$secs" "$NISSHI_BIN" "$@" </dev/null)
+}
 
 # True while process $1 exists and is not a zombie (PID 1 here may never reap the broker's zombie).
 pid_running() {
@@ -281,13 +285,15 @@ start_broker() {
 
 create_topic() {
   local out rc=0
-  out="$(nisshi topic create "$TOPIC" --partitions "$PARTITIONS" --broker "$BROKER_URL" 2>&1)" || rc=$?
+  out="$(nisshi timeout 60 topic create "$TOPIC" --partitions "$PARTITIONS" --broker "$BROKER_URL" 2>&1)" || rc=$?
   if [ "$rc" = 0 ]; then
     say "$(last_line "$out")"
+  elif [ "$rc" = 124 ]; then
+    die "creating topic $TOPIC: the broker on $BROKER_URL did not answer within 60s; see $NISSHI_LOG"
   elif [[ "$out" == *"already exists"* ]]; then
     say "topic $TOPIC already exists"
     # Its partition count, from `nisshi topic list` (a JSON array of Metadata topics).
-    if command -v jq >/dev/null 2>&1 && out="$(nisshi topic list --broker "$BROKER_URL" 2>/dev/null)"; then
+    if command -v jq >/dev/null 2>&1 && out="$(nisshi timeout 10 topic list --broker "$BROKER_URL" 2>/dev/null)"; then
       local n
       n="$(jq -r --arg t "$TOPIC" '.[] | select(.name == $t) | (.partitions // []) | length' <<<"$out" 2>/dev/null || true)"
       if is_uint "$n" && [ "$n" != "$PARTITIONS" ]; then
@@ -295,7 +301,8 @@ create_topic() {
       fi
     fi
   else
-    die "creating topic $TOPIC on $BROKER_URL failed: $(last_line "$out")"
+    # Drop the log prefix ("<time> ERROR nisshi: 150: ") of a Kafka error code's message.
+    die "creating topic $TOPIC on $BROKER_URL failed: $(last_line "$out" | sed -E 's/^[^ ]+ +ERROR +[^ ]+ +[0-9]+: +//')"
   fi
 }
 
@@ -348,7 +355,7 @@ cmd_up() {
       fi
     elif port_open "$BROKER_HOST" "$BROKER_PORT"; then
       KAFKA_MODE=reused
-      nisshi topic list --broker "$BROKER_URL" >/dev/null 2>&1 ||
+      timeout 10 "$NISSHI_BIN" topic list --broker "$BROKER_URL" </dev/null >/dev/null 2>&1 ||
         die "$KAFKA is in use but does not answer Kafka requests; stop that process or set METERLINE_BROKER_PORT"
       say "reusing the Kafka broker already listening on $KAFKA (not started by stack.sh; down leaves it alone)"
     else

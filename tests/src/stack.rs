@@ -1,0 +1,136 @@
+//! A fresh database and topic per test, on the real Postgres and broker.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, PgPool};
+
+pub struct TestStack {
+    pub database_url: String,
+    pub brokers: String,
+    pub topic: String,
+    pub group: String,
+    pub pool: PgPool,
+    pub dir: tempfile::TempDir,
+}
+
+fn base_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/meterline".into())
+}
+
+impl TestStack {
+    /// Creates database `mt_<name>_<random>` (migrated) and a 4-partition topic.
+    pub async fn new(name: &str) -> Self {
+        let suffix = uuid::Uuid::now_v7().simple().to_string();
+        let suffix = &suffix[suffix.len() - 10..];
+        let db = format!("mt_{name}_{suffix}");
+        let base: PgConnectOptions = base_url().parse().expect("DATABASE_URL");
+        let mut admin = base.clone().database("postgres").connect().await.expect(
+            "cannot reach Postgres: start the stack with scripts/stack.sh up or set DATABASE_URL",
+        );
+        sqlx::query(&format!("CREATE DATABASE {db}"))
+            .execute(&mut admin)
+            .await
+            .expect("create test database");
+        let opts = base.database(&db);
+        let database_url = opts.to_url_lossy().to_string();
+        let pool = schema_pool(&database_url).await;
+        let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+        let topic = format!("usage.events.v1.{name}.{suffix}");
+        create_topic(&brokers, &topic, 4).await;
+        Self {
+            database_url,
+            brokers,
+            group: format!("ingest-{name}-{suffix}"),
+            topic,
+            pool,
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    /// Environment shared by every service of this test.
+    pub fn env(&self) -> HashMap<String, String> {
+        HashMap::from([
+            ("DATABASE_URL".into(), self.database_url.clone()),
+            ("KAFKA_BROKERS".into(), self.brokers.clone()),
+            ("INGEST_TOPIC".into(), self.topic.clone()),
+            ("GATEWAY_TOPIC".into(), self.topic.clone()),
+            ("INGEST_GROUP".into(), self.group.clone()),
+        ])
+    }
+
+    /// A plain producer for tests that write the topic themselves.
+    pub fn producer(&self) -> FutureProducer {
+        ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .create()
+            .expect("producer")
+    }
+
+    /// Produces every payload (keyed) and waits for all acknowledgements.
+    pub async fn produce(&self, producer: &FutureProducer, messages: &[(String, Vec<u8>)]) {
+        let mut pending = Vec::with_capacity(messages.len());
+        for (key, payload) in messages {
+            loop {
+                let record = FutureRecord::to(&self.topic).key(key).payload(payload);
+                match producer.send_result(record) {
+                    Ok(f) => {
+                        pending.push(f);
+                        break;
+                    }
+                    Err((e, _)) => {
+                        assert!(
+                            matches!(e, rdkafka::error::KafkaError::MessageProduction(
+                                rdkafka::types::RDKafkaErrorCode::QueueFull
+                            )),
+                            "produce failed: {e}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        }
+        for f in pending {
+            f.await.expect("delivery").expect("delivered");
+        }
+    }
+}
+
+async fn schema_pool(url: &str) -> PgPool {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(url)
+        .await
+        .expect("connect test database");
+    // The same migrations every service applies at start-up.
+    sqlx::migrate!("../migrations").run(&pool).await.expect("migrate");
+    pool
+}
+
+async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let results = admin
+        .create_topics(&[new], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
+        .await
+        .expect("cannot reach the broker: start the stack with scripts/stack.sh up or set KAFKA_BROKERS");
+    for r in results {
+        if let Err((t, e)) = r {
+            assert!(
+                e == rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
+                "create topic {t}: {e}"
+            );
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! One request path, end to end, across real processes: gateway-lite →
+//! outbox → relay → broker → ingest → Postgres → billing-api. What clients
+//! were told they used must be exactly what usage_hourly and billing-api say.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rust_decimal::Decimal;
+use serde_json::{json, Value};
+use tests::process::{free_port, wait_healthy};
+use tests::{Service, TestStack};
+
+const TENANTS: [(&str, &str); 5] = [
+    ("acme-corp", "sk-demo-acme-corp-0001"),
+    ("medai-labs", "sk-demo-medai-labs-0001"),
+    ("finserv-team", "sk-demo-finserv-team-0001"),
+    ("research-squad", "sk-demo-research-squad-0001"),
+    ("codegen-platform", "sk-demo-codegen-platform-0001"),
+];
+const FINANCE_TOKEN: &str = "finance-token-for-e2e-tests";
+
+struct Running {
+    gateway: Service,
+    ingest: Service,
+    billing: Service,
+    gateway_url: String,
+    billing_url: String,
+}
+
+async fn start_all(stack: &TestStack) -> Running {
+    let tenants_file = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tenants.yaml");
+    let gw_port = free_port();
+    let billing_port = free_port();
+    let mut env = stack.env();
+    env.insert("GATEWAY_ADDR".into(), format!("127.0.0.1:{gw_port}"));
+    env.insert("GATEWAY_OUTBOX".into(), stack.dir.path().join("outbox.redb").display().to_string());
+    env.insert("GATEWAY_TENANTS_FILE".into(), tenants_file.into());
+    env.insert("ENGINE_SPEEDUP".into(), "0".into());
+    env.insert("BILLING_ADDR".into(), format!("127.0.0.1:{billing_port}"));
+    env.insert("BILLING_BOOTSTRAP_FINANCE_TOKEN".into(), FINANCE_TOKEN.into());
+    env.insert("INGEST_METRICS_ADDR".into(), format!("127.0.0.1:{}", free_port()));
+    env.insert("INGEST_LINGER_MS".into(), "50".into());
+    let log_dir = stack.dir.path();
+    let mut gateway = Service::start("gateway", "gateway-lite", &[], env.clone(), log_dir);
+    let gateway_url = format!("http://127.0.0.1:{gw_port}");
+    wait_healthy(&format!("{gateway_url}/healthz"), &mut gateway, Duration::from_secs(60)).await;
+    let ingest = Service::start("ingest", "ingest", &[], env.clone(), log_dir);
+    let mut billing = Service::start("billing", "billing-api", &[], env, log_dir);
+    let billing_url = format!("http://127.0.0.1:{billing_port}");
+    wait_healthy(&format!("{billing_url}/healthz"), &mut billing, Duration::from_secs(60)).await;
+    Running { gateway, ingest, billing, gateway_url, billing_url }
+}
+
+/// What clients were told, per tenant: (requests, prompt, cached, completion).
+type Told = BTreeMap<String, (i64, i64, i64, i64)>;
+
+async fn send_requests(client: &reqwest::Client, gateway_url: &str, per_tenant: usize) -> (Told, Vec<String>) {
+    let mut told = Told::new();
+    let mut ids = Vec::new();
+    for (i, (tenant, key)) in TENANTS.iter().enumerate() {
+        for n in 0..per_tenant {
+            let body = json!({
+                "model": if n % 3 == 0 { "llama-3.1-8b" } else { "llama-3.1-70b" },
+                "messages": [{"role": "user", "content": format!("tenant {i} request {n}: summarize the quarterly GPU bill")}],
+                "max_tokens": 64 + n as u32,
+                "seed": n,
+            });
+            let res = client
+                .post(format!("{gateway_url}/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&body)
+                .send()
+                .await
+                .expect("gateway reachable");
+            assert_eq!(res.status(), 200);
+            let id = res.headers()["x-request-id"].to_str().unwrap().to_owned();
+            assert!(id.starts_with("req_"), "X-Request-Id {id}");
+            ids.push(id);
+            let v: Value = res.json().await.unwrap();
+            let u = &v["usage"];
+            let entry = told.entry(tenant.to_string()).or_default();
+            entry.0 += 1;
+            entry.1 += u["prompt_tokens"].as_i64().unwrap();
+            entry.2 += u["prompt_tokens_details"]["cached_tokens"].as_i64().unwrap();
+            entry.3 += u["completion_tokens"].as_i64().unwrap();
+            assert_eq!(
+                u["total_tokens"].as_i64().unwrap(),
+                u["prompt_tokens"].as_i64().unwrap() + u["completion_tokens"].as_i64().unwrap()
+            );
+        }
+    }
+    (told, ids)
+}
+
+/// usage_hourly per tenant: (requests, prompt, cached, completion).
+async fn hourly(stack: &TestStack) -> Told {
+    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT tenant_id, sum(requests)::bigint, sum(prompt_tokens)::bigint,
+                sum(cached_tokens)::bigint, sum(completion_tokens)::bigint
+         FROM usage_hourly GROUP BY tenant_id",
+    )
+    .fetch_all(&stack.pool)
+    .await
+    .unwrap();
+    rows.into_iter().map(|(t, r, p, c, o)| (t, (r, p, c, o))).collect()
+}
+
+async fn wait_for(stack: &TestStack, expected: &Told, running: &Running) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let got = hourly(stack).await;
+        if &got == expected {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "usage_hourly never matched.\nexpected {expected:?}\ngot      {got:?}\n--- gateway\n{}\n--- ingest\n{}",
+                running.gateway.log_tail(),
+                running.ingest.log_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_clients_were_told_are_exactly_what_is_billed() {
+    let stack = TestStack::new("e2e").await;
+    let running = start_all(&stack).await;
+    let client = reqwest::Client::new();
+    let (told, ids) = send_requests(&client, &running.gateway_url, 8).await;
+    wait_for(&stack, &told, &running).await;
+
+    // Each answered request is in request_log exactly once, under its X-Request-Id.
+    let uuids: Vec<uuid::Uuid> = ids
+        .iter()
+        .map(|id| id.strip_prefix("req_").unwrap().parse().unwrap())
+        .collect();
+    let (found,): (i64,) = sqlx::query_as("SELECT count(*) FROM request_log WHERE request_id = ANY($1)")
+        .bind(&uuids)
+        .fetch_one(&stack.pool)
+        .await
+        .unwrap();
+    assert_eq!(found as usize, ids.len());
+    let (total,): (i64,) = sqlx::query_as("SELECT count(*) FROM request_log").fetch_one(&stack.pool).await.unwrap();
+    assert_eq!(total as usize, ids.len());
+
+    // billing-api returns the same figures, and GPU-seconds agree with request_log.
+    let now = chrono::Utc::now();
+    let from = (now - chrono::Duration::hours(2)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let to = (now + chrono::Duration::hours(2)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    for (tenant, (requests, prompt, cached, completion)) in &told {
+        let v: Value = client
+            .get(format!("{}/v1/tenants/{tenant}/usage", running.billing_url))
+            .query(&[("from", &from), ("to", &to)])
+            .bearer_auth(FINANCE_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let t = &v["totals"];
+        assert_eq!(t["requests"].as_i64().unwrap(), *requests, "{tenant}: {v}");
+        assert_eq!(t["prompt_tokens"].as_i64().unwrap(), *prompt, "{tenant}");
+        assert_eq!(t["cached_tokens"].as_i64().unwrap(), *cached, "{tenant}");
+        assert_eq!(t["completion_tokens"].as_i64().unwrap(), *completion, "{tenant}");
+        let (log_gpu,): (Decimal,) =
+            sqlx::query_as("SELECT sum(gpu_seconds) FROM request_log WHERE tenant_id = $1")
+                .bind(tenant)
+                .fetch_one(&stack.pool)
+                .await
+                .unwrap();
+        let api_gpu: Decimal = t["gpu_seconds"].as_str().unwrap().parse().unwrap();
+        assert_eq!(api_gpu, log_gpu, "{tenant}");
+        assert!(api_gpu > Decimal::ZERO);
+    }
+    drop(running.billing);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_openai_errors_and_are_not_billed() {
+    let stack = TestStack::new("errors").await;
+    let running = start_all(&stack).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", running.gateway_url);
+    let ok_body = json!({"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}]});
+
+    let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
+        (client.post(&url).json(&ok_body), 401, "invalid_api_key"),
+        (client.post(&url).bearer_auth("sk-wrong").json(&ok_body), 401, "invalid_api_key"),
+        (
+            client.post(&url).bearer_auth(TENANTS[0].1).header("content-type", "application/json").body("{not json"),
+            400,
+            "",
+        ),
+        (
+            client.post(&url).bearer_auth(TENANTS[0].1).json(&json!({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})),
+            404,
+            "model_not_found",
+        ),
+        (
+            client.post(&url).bearer_auth(TENANTS[2].1).json(&json!({"model": "llama-3.1-8b", "max_tokens": 999_999, "messages": [{"role": "user", "content": "hi"}]})),
+            400,
+            "",
+        ),
+    ];
+    for (req, status, code) in cases {
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status().as_u16(), status);
+        assert!(res.headers().contains_key("x-request-id"), "every response carries X-Request-Id");
+        let v: Value = res.json().await.unwrap();
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(v["error"]["type"].is_string(), "{v}");
+        if !code.is_empty() {
+            assert_eq!(v["error"]["code"], code, "{v}");
+        }
+    }
+    // One good request, so we know the pipeline is flowing, then nothing else is billed.
+    let res = client.post(&url).bearer_auth(TENANTS[0].1).json(&ok_body).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let v: Value = res.json().await.unwrap();
+    let mut expected = Told::new();
+    expected.insert(
+        "acme-corp".into(),
+        (1, v["usage"]["prompt_tokens"].as_i64().unwrap(), 0, v["usage"]["completion_tokens"].as_i64().unwrap()),
+    );
+    wait_for(&stack, &expected, &running).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn team_lead_cannot_see_other_tenant() {
+    let stack = TestStack::new("roles").await;
+    let running = start_all(&stack).await;
+    sqlx::query(
+        "INSERT INTO billing_tokens (token_id, token_hash, role, tenant_id)
+         VALUES ('lead-acme', sha256('lead-token-acme-0001'::bytea), 'team_lead', 'acme-corp'),
+                ('support-1', sha256('support-token-0001'::bytea), 'support', NULL)",
+    )
+    .execute(&stack.pool)
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let get = |tenant: &str, token: &str| {
+        client
+            .get(format!("{}/v1/tenants/{tenant}/usage", running.billing_url))
+            .query(&[("from", "2026-01-01T00:00:00Z"), ("to", "2026-02-01T00:00:00Z")])
+            .bearer_auth(token)
+            .send()
+    };
+    assert_eq!(get("acme-corp", "lead-token-acme-0001").await.unwrap().status(), 200);
+    assert_eq!(get("medai-labs", "lead-token-acme-0001").await.unwrap().status(), 404);
+    assert_eq!(get("no-such-tenant", "lead-token-acme-0001").await.unwrap().status(), 404);
+    assert_eq!(get("acme-corp", "support-token-0001").await.unwrap().status(), 404);
+    assert_eq!(get("acme-corp", "not-a-token").await.unwrap().status(), 401);
+    assert_eq!(get("acme-corp", FINANCE_TOKEN).await.unwrap().status(), 200);
+    let (audited,): (i64,) = sqlx::query_as("SELECT count(*) FROM audit_log WHERE action = 'read_usage'")
+        .fetch_one(&stack.pool)
+        .await
+        .unwrap();
+    assert_eq!(audited, 2, "each read of usage is audited, refusals are not reads");
+    drop(running.gateway);
+}
