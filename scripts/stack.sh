@@ -6,6 +6,7 @@
 #   scripts/stack.sh status          one line per component; exit 1 if something is not running
 #   scripts/stack.sh env             print .stack/env (eval "$(scripts/stack.sh env)", or source it)
 #   scripts/stack.sh restart-broker  kill -9 the broker and start it again (fault drills)
+#   scripts/stack.sh restart-postgres  restart the Postgres server the stack uses (fault drills)
 #
 # Postgres: $DATABASE_URL if set; else the server on 127.0.0.1:5432 if one answers; else a
 # project-local cluster in .stack/pg on 127.0.0.1:$METERLINE_LOCAL_PG_PORT (default 55432),
@@ -434,6 +435,35 @@ cmd_status() {
   STATUS_RC=$ok
 }
 
+# Restarts Postgres in fast mode: every connection is cut, as in a crash of the
+# database's clients' view. Only a server this machine runs can be restarted.
+cmd_restart_postgres() {
+  lock
+  load_state
+  case "$S_PG_MODE" in
+    local)
+      find_pg_bin || die "Postgres server binaries not found"
+      pick_pg_os_user
+      say "restarting the project-local Postgres cluster"
+      as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w restart -l "$PG_LOG" >/dev/null
+      ;;
+    system)
+      need pg_ctlcluster "install postgresql-common"
+      local version
+      version=$(ls /etc/postgresql | sort -V | tail -n 1)
+      say "restarting the machine's Postgres $version/main"
+      pg_ctlcluster --skip-systemctl-redirect "$version" main restart -m fast
+      ;;
+    *) die "no Postgres to restart (postgres: ${S_PG_MODE:-not up}); it is external or the stack is not up" ;;
+  esac
+  local i
+  for i in $(seq 1 100); do
+    pg_isready -q -h "${S_PG_ADDR%:*}" -p "${S_PG_ADDR##*:}" && return 0
+    sleep 0.1
+  done
+  die "Postgres did not come back within 10 s"
+}
+
 cmd_restart_broker() {
   lock
   load_state
@@ -453,5 +483,6 @@ case "$CMD" in
   status) cmd_status; exit "$STATUS_RC" ;;
   env) [ -f "$ENV_FILE" ] || die "no .stack/env; run scripts/stack.sh up"; cat "$ENV_FILE" ;;
   restart-broker) cmd_restart_broker ;;
-  *) printf 'usage: scripts/stack.sh up|down|status|env|restart-broker\n' >&2; exit 2 ;;
+  restart-postgres) cmd_restart_postgres ;;
+  *) printf 'usage: scripts/stack.sh up|down|status|env|restart-broker|restart-postgres\n' >&2; exit 2 ;;
 esac

@@ -1,0 +1,275 @@
+//! The ingest fault drill: tens of thousands of events with identical
+//! re-sends, conflicting versions and malformed messages, while ingest
+//! processes are SIGKILLed at random moments, two consumers share the topic
+//! for a while (rebalances), and the broker and Postgres are each restarted
+//! once. Afterwards usage_hourly must equal the ground truth exactly,
+//! request_log must hold each valid request once, and every bad message must
+//! be in dead_letters with the right reason.
+//!
+//! This file holds one test on purpose: it restarts Postgres, so nothing else
+//! may run beside it (cargo runs test binaries one after another).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DurationRound, TimeDelta, Utc};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rust_decimal::Decimal;
+use tests::process::free_port;
+use tests::{Service, TestStack};
+use usage_contract::{FinishReason, RequestId, UsageEvent};
+
+const TENANTS: [(&str, i16); 5] = [
+    ("acme-corp", 5),
+    ("medai-labs", 4),
+    ("finserv-team", 3),
+    ("research-squad", 2),
+    ("codegen-platform", 1),
+];
+const MODELS: [&str; 2] = ["llama-3.1-8b", "llama-3.1-70b"];
+
+fn stack_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/stack.sh")
+}
+
+fn stack_command(what: &str) {
+    let status = std::process::Command::new("bash")
+        .arg(stack_script())
+        .arg(what)
+        .status()
+        .expect("run scripts/stack.sh");
+    assert!(status.success(), "scripts/stack.sh {what} failed");
+}
+
+fn event(rng: &mut StdRng, n: usize) -> UsageEvent {
+    let (tenant, priority) = TENANTS[n % TENANTS.len()];
+    // Spread over the last six hours, so several hours and day partitions may be hit.
+    let started_at = Utc::now() - TimeDelta::milliseconds(rng.random_range(60_000..6 * 3_600_000));
+    let started_at = started_at.duration_trunc(TimeDelta::milliseconds(1)).unwrap();
+    let prompt = rng.random_range(1..8_000);
+    let finished_at = started_at + TimeDelta::milliseconds(rng.random_range(50..20_000));
+    UsageEvent {
+        schema_version: 1,
+        request_id: RequestId::at(started_at),
+        tenant_id: tenant.into(),
+        api_key_id: format!("key_{tenant}"),
+        model: MODELS[n % 2].into(),
+        model_version: "2026.10".into(),
+        priority,
+        started_at,
+        first_token_at: None,
+        finished_at,
+        prompt_tokens: prompt,
+        cached_tokens: rng.random_range(0..=prompt),
+        completion_tokens: rng.random_range(0..2_000),
+        gpu_seconds: Decimal::new(rng.random_range(1..50_000_000), 6),
+        preempted_gpu_seconds: Decimal::new(rng.random_range(0..1_000), 6),
+        finish_reason: [FinishReason::Stop, FinishReason::Length, FinishReason::Cancelled, FinishReason::Error]
+            [rng.random_range(0..4)],
+        ttft_ms: Some(120),
+        tpot_ms: Some(8),
+        replica_id: "r0".into(),
+        gateway_id: "gw-drill".into(),
+        stream: false,
+    }
+}
+
+/// Ground truth per (tenant, model, priority, hour):
+/// requests, prompt, cached, completion, gpu, preempted, cancelled, errored.
+type Truth = BTreeMap<(String, String, i16, chrono::DateTime<Utc>), (i64, i64, i64, i64, Decimal, Decimal, i64, i64)>;
+
+fn truth_of(events: &[UsageEvent]) -> Truth {
+    let mut t = Truth::new();
+    for e in events {
+        let hour = e.started_at.duration_trunc(TimeDelta::hours(1)).unwrap();
+        let row = t.entry((e.tenant_id.clone(), e.model.clone(), e.priority, hour)).or_default();
+        row.0 += 1;
+        row.1 += e.prompt_tokens;
+        row.2 += e.cached_tokens;
+        row.3 += e.completion_tokens;
+        row.4 += e.gpu_seconds;
+        row.5 += e.preempted_gpu_seconds;
+        row.6 += i64::from(e.finish_reason == FinishReason::Cancelled);
+        row.7 += i64::from(e.finish_reason == FinishReason::Error);
+    }
+    t
+}
+
+async fn stored(stack: &TestStack) -> Option<Truth> {
+    let rows: Vec<(String, String, i16, chrono::DateTime<Utc>, i64, i64, i64, i64, Decimal, Decimal, i64, i64)> =
+        sqlx::query_as(
+            "SELECT tenant_id, model, priority, hour, requests, prompt_tokens, cached_tokens,
+                    completion_tokens, gpu_seconds, preempted_gpu_seconds, cancelled_requests,
+                    errored_requests FROM usage_hourly",
+        )
+        .fetch_all(&stack.pool)
+        .await
+        .ok()?;
+    Some(
+        rows.into_iter()
+            .map(|r| ((r.0, r.1, r.2, r.3), (r.4, r.5, r.6, r.7, r.8.normalize(), r.9.normalize(), r.10, r.11)))
+            .collect(),
+    )
+}
+
+async fn dead_letter_counts(stack: &TestStack) -> Option<BTreeMap<String, i64>> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT reason_code, count(*) FROM dead_letters GROUP BY reason_code")
+            .fetch_all(&stack.pool)
+            .await
+            .ok()?;
+    Some(rows.into_iter().collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() {
+    let seed: u64 = std::env::var("DRILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+    let total: usize = std::env::var("DRILL_EVENTS").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    println!("fault drill: seed {seed}, {total} events (DRILL_SEED / DRILL_EVENTS to repeat)");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let stack = TestStack::new("drill").await;
+    for (tenant, priority) in TENANTS {
+        sqlx::query(
+            "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
+             VALUES ($1, $1, 'standard', $2, 'per_token')",
+        )
+        .bind(tenant)
+        .bind(priority)
+        .execute(&stack.pool)
+        .await
+        .unwrap();
+    }
+
+    // The messages, in the order they will be produced, and what each must become.
+    let valid: Vec<UsageEvent> = (0..total).map(|n| event(&mut rng, n)).collect();
+    let mut messages: Vec<(String, Vec<u8>)> = Vec::with_capacity(total * 12 / 10);
+    let mut expected_dead: BTreeMap<String, i64> = BTreeMap::new();
+    let mut bad = |messages: &mut Vec<(String, Vec<u8>)>, code: &str, key: String, payload: Vec<u8>| {
+        *expected_dead.entry(code.to_owned()).or_default() += 1;
+        messages.push((key, payload));
+    };
+    for (n, e) in valid.iter().enumerate() {
+        messages.push((e.tenant_id.clone(), e.to_json()));
+        let roll = rng.random_range(0..1000);
+        match roll {
+            // 10%: an identical re-send, later on the same partition.
+            0..=99 => messages.push((e.tenant_id.clone(), e.to_json())),
+            // 1%: a conflicting version of the same request.
+            100..=109 => {
+                let mut c = e.clone();
+                c.completion_tokens += 1;
+                bad(&mut messages, "conflict", e.tenant_id.clone(), c.to_json());
+            }
+            110..=114 => bad(&mut messages, "undecodable", e.tenant_id.clone(), format!("\u{1}garbage {n}").into_bytes()),
+            115..=119 => {
+                let mut v: serde_json::Value = serde_json::from_slice(&e.to_json()).unwrap();
+                v["schema_version"] = 2.into();
+                v["request_id"] = RequestId::new().to_string().into();
+                bad(&mut messages, "unknown_schema_version", e.tenant_id.clone(), serde_json::to_vec(&v).unwrap());
+            }
+            120..=124 => {
+                let mut c = event(&mut rng, n);
+                c.cached_tokens = c.prompt_tokens + 1;
+                bad(&mut messages, "cached_exceeds_prompt", c.tenant_id.clone(), c.to_json());
+            }
+            125..=129 => {
+                let mut c = event(&mut rng, n);
+                c.tenant_id = "nobody-inc".into();
+                bad(&mut messages, "unknown_tenant", "nobody-inc".into(), c.to_json());
+            }
+            _ => {}
+        }
+    }
+    let truth = truth_of(&valid);
+
+    let mut env = stack.env();
+    env.insert("INGEST_MAX_BATCH".into(), "2000".into());
+    env.insert("INGEST_LINGER_MS".into(), "100".into());
+    let start = |name: &str, env: &HashMap<String, String>| {
+        let mut env = env.clone();
+        env.insert("INGEST_METRICS_ADDR".into(), format!("127.0.0.1:{}", free_port()));
+        Service::start(name, "ingest", &[], env, stack.dir.path())
+    };
+    let producer = stack.producer();
+    let chunks: Vec<&[(String, Vec<u8>)]> = messages.chunks(messages.len() / 6 + 1).collect();
+
+    let mut a = start("ingest-a", &env);
+    stack.produce(&producer, chunks[0]).await;
+    tokio::time::sleep(Duration::from_millis(rng.random_range(500..3_000))).await;
+    a.kill9().await;
+    println!("killed ingest-a");
+    stack.produce(&producer, chunks[1]).await;
+    a.restart();
+    let mut b = start("ingest-b", &env);
+    println!("two consumers share the topic");
+    stack.produce(&producer, chunks[2]).await;
+    tokio::time::sleep(Duration::from_millis(rng.random_range(2_000..6_000))).await;
+    b.kill9().await;
+    println!("killed ingest-b");
+    stack_command("restart-broker");
+    println!("restarted the broker");
+    stack.produce(&producer, chunks[3]).await;
+    tokio::time::sleep(Duration::from_millis(rng.random_range(500..3_000))).await;
+    a.kill9().await;
+    println!("killed ingest-a again");
+    a.restart();
+    b.restart();
+    stack.produce(&producer, chunks[4]).await;
+    tokio::time::sleep(Duration::from_millis(rng.random_range(500..2_000))).await;
+    stack_command("restart-postgres");
+    println!("restarted postgres");
+    for chunk in &chunks[5..] {
+        stack.produce(&producer, chunk).await;
+    }
+    tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..3_000))).await;
+    b.kill9().await;
+    println!("killed ingest-b again; ingest-a finishes alone");
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    loop {
+        let (got, dead) = (stored(&stack).await, dead_letter_counts(&stack).await);
+        if got.as_ref() == Some(&truth) && dead.as_ref() == Some(&expected_dead) {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let got = got.unwrap_or_default();
+            let missing = truth.iter().filter(|(k, v)| got.get(*k) != Some(v)).count();
+            panic!(
+                "after the drill, {missing} of {} hourly rows differ from the truth; dead letters {dead:?}, expected {expected_dead:?}\n--- ingest-a\n{}",
+                truth.len(),
+                a.log_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // request_log holds each valid request exactly once, and nothing else.
+    let ids: Vec<uuid::Uuid> = valid.iter().map(|e| e.request_id.as_uuid()).collect();
+    let (found, all): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE request_id = ANY($1)), count(*) FROM request_log",
+    )
+    .bind(&ids)
+    .fetch_one(&stack.pool)
+    .await
+    .unwrap();
+    assert_eq!((found as usize, all as usize), (total, total));
+    // Conflicts keep both versions.
+    let (conflicts_with_both,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM dead_letters WHERE reason_code = 'conflict'
+           AND stored_version IS NOT NULL AND length(raw) > 0",
+    )
+    .fetch_one(&stack.pool)
+    .await
+    .unwrap();
+    assert_eq!(conflicts_with_both, expected_dead.get("conflict").copied().unwrap_or(0));
+    // The independent check agrees too.
+    let status = std::process::Command::new(tests::process::bin_dir().join("rollup"))
+        .env("DATABASE_URL", &stack.database_url)
+        .args(["reconcile", "--from", "2000-01-01T00:00:00Z", "--to", "2100-01-01T00:00:00Z"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "rollup reconcile found differences");
+    a.terminate(Duration::from_secs(20)).await;
+}
