@@ -445,14 +445,14 @@ cmd_restart_postgres() {
       find_pg_bin || die "Postgres server binaries not found"
       pick_pg_os_user
       say "restarting the project-local Postgres cluster"
-      as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w restart -l "$PG_LOG" >/dev/null
+      as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w restart -l "$PG_LOG" >/dev/null 8>&-
       ;;
     system)
       need pg_ctlcluster "install postgresql-common"
       local version
       version=$(ls /etc/postgresql | sort -V | tail -n 1)
       say "restarting the machine's Postgres $version/main"
-      pg_ctlcluster --skip-systemctl-redirect "$version" main restart -m fast
+      pg_ctlcluster --skip-systemctl-redirect "$version" main restart -m fast 8>&-
       ;;
     *) die "no Postgres to restart (postgres: ${S_PG_MODE:-not up}); it is external or the stack is not up" ;;
   esac
