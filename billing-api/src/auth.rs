@@ -66,7 +66,10 @@ pub async fn put_token(
 impl FromRequestParts<AppState> for Principal {
     type Rejection = BillingError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let token = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)
@@ -98,18 +101,25 @@ impl FromRequestParts<AppState> for Principal {
 }
 
 /// Records that `who` read money.
-pub async fn audit(pool: &PgPool, who: &Principal, action: &str, tenant: Option<&str>) -> Result<(), sqlx::Error> {
+pub async fn audit(
+    pool: &PgPool,
+    who: &Principal,
+    action: &str,
+    tenant: Option<&str>,
+) -> Result<(), sqlx::Error> {
     let role = match who.role {
         Role::Finance => "finance",
         Role::TeamLead => "team_lead",
         Role::Support => "support",
     };
-    sqlx::query("INSERT INTO audit_log (token_id, role, action, tenant_id) VALUES ($1, $2, $3, $4)")
-        .bind(&who.token_id)
-        .bind(role)
-        .bind(action)
-        .bind(tenant)
-        .execute(pool)
-        .await?;
+    sqlx::query(
+        "INSERT INTO audit_log (token_id, role, action, tenant_id) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(&who.token_id)
+    .bind(role)
+    .bind(action)
+    .bind(tenant)
+    .execute(pool)
+    .await?;
     Ok(())
 }

@@ -29,7 +29,9 @@ impl BillingError {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::Config(_) | Self::Database(_) | Self::Schema(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Config(_) | Self::Database(_) | Self::Schema(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -52,6 +54,10 @@ impl IntoResponse for BillingError {
         } else {
             self.to_string()
         };
-        (status, Json(json!({"error": {"code": self.code(), "message": message}}))).into_response()
+        (
+            status,
+            Json(json!({"error": {"code": self.code(), "message": message}})),
+        )
+            .into_response()
     }
 }

@@ -24,7 +24,11 @@ pub struct BillingConfig {
     #[arg(long, env = "BILLING_ADDR", default_value = "127.0.0.1:8082")]
     pub addr: SocketAddr,
     /// Postgres URL.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/meterline")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/meterline"
+    )]
     pub database_url: String,
     /// A finance token to register at start-up (stored hashed), for a new
     /// installation's first login and for the demo.
@@ -39,7 +43,10 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-pub async fn run(config: BillingConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), BillingError> {
+pub async fn run(
+    config: BillingConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), BillingError> {
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|e| BillingError::Config(format!("BILLING_ADDR {}: {e}", config.addr)))?;

@@ -60,7 +60,11 @@ pub struct UsageResponse {
 fn parse_time(name: &str, value: &str) -> Result<DateTime<Utc>, BillingError> {
     DateTime::parse_from_rfc3339(value)
         .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| BillingError::BadRequest(format!("`{name}` must be an RFC 3339 time such as 2026-11-01T00:00:00Z: {e}")))
+        .map_err(|e| {
+            BillingError::BadRequest(format!(
+                "`{name}` must be an RFC 3339 time such as 2026-11-01T00:00:00Z: {e}"
+            ))
+        })
 }
 
 pub async fn tenant_usage(
@@ -78,12 +82,15 @@ pub async fn tenant_usage(
         return Err(BillingError::BadRequest("`to` must be after `from`".into()));
     }
     if (to - from).num_days() > MAX_RANGE_DAYS {
-        return Err(BillingError::BadRequest(format!("the range may span at most {MAX_RANGE_DAYS} days")));
+        return Err(BillingError::BadRequest(format!(
+            "the range may span at most {MAX_RANGE_DAYS} days"
+        )));
     }
-    let exists: Option<(String,)> = sqlx::query_as("SELECT tenant_id FROM tenants WHERE tenant_id = $1")
-        .bind(&tenant)
-        .fetch_optional(&state.pool)
-        .await?;
+    let exists: Option<(String,)> =
+        sqlx::query_as("SELECT tenant_id FROM tenants WHERE tenant_id = $1")
+            .bind(&tenant)
+            .fetch_optional(&state.pool)
+            .await?;
     if exists.is_none() {
         return Err(BillingError::NotFound);
     }

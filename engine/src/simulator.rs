@@ -50,8 +50,14 @@ pub struct Completion {
 pub enum EngineError {
     #[error("model {0:?} is not served")]
     UnknownModel(String),
-    #[error("prompt of {prompt} tokens plus {output} output tokens exceeds the context of {limit}")]
-    ContextTooLong { prompt: u64, output: u64, limit: u32 },
+    #[error(
+        "prompt of {prompt} tokens plus {output} output tokens exceeds the context of {limit}"
+    )]
+    ContextTooLong {
+        prompt: u64,
+        output: u64,
+        limit: u32,
+    },
 }
 
 /// The simulated engine. `speedup` divides real sleeping time (1 = real
@@ -177,6 +183,9 @@ mod tests {
     fn unknown_model_is_an_error() {
         let mut r = req("x", None);
         r.model = "gpt-9".into();
-        assert_eq!(sim().plan(&r), Err(EngineError::UnknownModel("gpt-9".into())));
+        assert_eq!(
+            sim().plan(&r),
+            Err(EngineError::UnknownModel("gpt-9".into()))
+        );
     }
 }

@@ -32,7 +32,10 @@ struct ChatRequest {
 
 #[derive(Debug, Deserialize)]
 struct Message {
-    #[allow(dead_code, reason = "part of the OpenAI shape; the simulator ignores roles")]
+    #[allow(
+        dead_code,
+        reason = "part of the OpenAI shape; the simulator ignores roles"
+    )]
     role: String,
     content: String,
 }
@@ -45,10 +48,16 @@ fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, Gateway
         .map(str::trim)
         .filter(|k| !k.is_empty())
         .ok_or(GatewayError::MissingKey)?;
-    state.registry.authenticate(key).ok_or(GatewayError::InvalidKey)
+    state
+        .registry
+        .authenticate(key)
+        .ok_or(GatewayError::InvalidKey)
 }
 
-pub async fn models(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, GatewayError> {
+pub async fn models(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, GatewayError> {
     authenticate(&state, &headers)?;
     let data: Vec<Value> = state
         .engine
@@ -92,7 +101,12 @@ pub async fn completions(
             });
         }
     }
-    let prompt: String = req.messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n");
+    let prompt: String = req
+        .messages
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
     let prompt_tokens = engine::tokenizer::count(&prompt);
     if let Some(limit) = caller.max_context {
         if prompt_tokens > limit.max(0) as u64 {
@@ -129,9 +143,8 @@ pub async fn completions(
         let real = ChronoDuration::milliseconds(ttft_ms / i64::from(state.speedup.max(1)));
         (started_at + real).min(finished_at)
     });
-    let tpot_ms = (done.completion_tokens > 1).then(|| {
-        (done.total.as_millis() as i64 - ttft_ms) / (done.completion_tokens as i64 - 1)
-    });
+    let tpot_ms = (done.completion_tokens > 1)
+        .then(|| (done.total.as_millis() as i64 - ttft_ms) / (done.completion_tokens as i64 - 1));
     let event = UsageEvent {
         schema_version: SCHEMA_VERSION,
         request_id,
@@ -157,7 +170,10 @@ pub async fn completions(
     };
     // Durable before the client hears anything: an answered request is a
     // billed request, whatever happens to this process next.
-    state.outbox.append(caller.tenant_id.clone(), event.to_json()).await?;
+    state
+        .outbox
+        .append(caller.tenant_id.clone(), event.to_json())
+        .await?;
     crate::telemetry::record_request(&caller.tenant_id, &req.model, &event);
 
     let total = done.prompt_tokens + done.completion_tokens;

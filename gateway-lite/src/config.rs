@@ -13,7 +13,11 @@ pub struct GatewayConfig {
     #[arg(long, env = "GATEWAY_ADDR", default_value = "127.0.0.1:8080")]
     pub addr: SocketAddr,
     /// Postgres URL (tenants and keys; never touched on the request path).
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/meterline")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/meterline"
+    )]
     pub database_url: String,
     /// Kafka bootstrap servers for the relay.
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
@@ -22,7 +26,11 @@ pub struct GatewayConfig {
     #[arg(long, env = "GATEWAY_TOPIC", default_value = usage_contract::TOPIC)]
     pub topic: String,
     /// The durable outbox file (created if missing).
-    #[arg(long, env = "GATEWAY_OUTBOX", default_value = ".stack/gateway-outbox.redb")]
+    #[arg(
+        long,
+        env = "GATEWAY_OUTBOX",
+        default_value = ".stack/gateway-outbox.redb"
+    )]
     pub outbox: PathBuf,
     /// This gateway's id, stamped on every usage event.
     #[arg(long, env = "GATEWAY_ID", default_value = "gw-1")]
@@ -41,7 +49,9 @@ pub struct GatewayConfig {
 impl GatewayConfig {
     pub fn validate(&self) -> Result<(), GatewayError> {
         if self.gateway_id.trim().is_empty() || self.gateway_id.len() > 200 {
-            return Err(GatewayError::Config("GATEWAY_ID must be 1 to 200 characters".into()));
+            return Err(GatewayError::Config(
+                "GATEWAY_ID must be 1 to 200 characters".into(),
+            ));
         }
         if !(100..=600_000).contains(&self.key_refresh_ms) {
             return Err(GatewayError::Config(format!(

@@ -16,7 +16,10 @@ pub enum GatewayError {
     #[error("request body is not valid: {0}")]
     BadRequest(String),
     #[error("{message}")]
-    InvalidParam { param: &'static str, message: String },
+    InvalidParam {
+        param: &'static str,
+        message: String,
+    },
     #[error("the model `{0}` does not exist or you do not have access to it")]
     UnknownModel(String),
     #[error("usage could not be recorded durably; the request was not billed, retry it")]
@@ -40,22 +43,28 @@ impl GatewayError {
             Self::BadRequest(_) | Self::InvalidParam { .. } => StatusCode::BAD_REQUEST,
             Self::UnknownModel(_) => StatusCode::NOT_FOUND,
             Self::Outbox(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Config(_) | Self::Database(_) | Self::Kafka(_) | Self::Schema(_) | Self::Engine(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            Self::Config(_)
+            | Self::Database(_)
+            | Self::Kafka(_)
+            | Self::Schema(_)
+            | Self::Engine(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     /// OpenAI's `type` and `code` for this error.
     fn kind(&self) -> (&'static str, Option<&'static str>) {
         match self {
-            Self::MissingKey | Self::InvalidKey => ("invalid_request_error", Some("invalid_api_key")),
+            Self::MissingKey | Self::InvalidKey => {
+                ("invalid_request_error", Some("invalid_api_key"))
+            }
             Self::BadRequest(_) | Self::InvalidParam { .. } => ("invalid_request_error", None),
             Self::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
             Self::Outbox(_) => ("server_error", Some("usage_not_recorded")),
-            Self::Config(_) | Self::Database(_) | Self::Kafka(_) | Self::Schema(_) | Self::Engine(_) => {
-                ("server_error", None)
-            }
+            Self::Config(_)
+            | Self::Database(_)
+            | Self::Kafka(_)
+            | Self::Schema(_)
+            | Self::Engine(_) => ("server_error", None),
         }
     }
 }
@@ -74,7 +83,8 @@ impl IntoResponse for GatewayError {
             Self::InvalidParam { param, .. } => Some(*param),
             _ => None,
         };
-        let body = json!({"error": {"message": message, "type": kind, "param": param, "code": code}});
+        let body =
+            json!({"error": {"message": message, "type": kind, "param": param, "code": code}});
         (status, Json(body)).into_response()
     }
 }

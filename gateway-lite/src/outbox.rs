@@ -220,12 +220,20 @@ fn writer(
     }
 }
 
-fn commit_group(db: &Database, group: &[Append], first_seq: u64, now: i64) -> Result<(), OutboxError> {
+fn commit_group(
+    db: &Database,
+    group: &[Append],
+    first_seq: u64,
+    now: i64,
+) -> Result<(), OutboxError> {
     let tx = db.begin_write()?;
     {
         let mut table = tx.open_table(EVENTS)?;
         for (i, a) in group.iter().enumerate() {
-            table.insert(first_seq + i as u64, encode_entry(now, &a.key, &a.payload).as_slice())?;
+            table.insert(
+                first_seq + i as u64,
+                encode_entry(now, &a.key, &a.payload).as_slice(),
+            )?;
         }
     }
     tx.commit()?;
@@ -246,7 +254,9 @@ mod tests {
                 outbox.append("acme".into(), vec![i]).await.unwrap();
             }
             let first = outbox.peek(3).unwrap();
-            outbox.remove(&first.iter().map(|e| e.seq).collect::<Vec<_>>()).unwrap();
+            outbox
+                .remove(&first.iter().map(|e| e.seq).collect::<Vec<_>>())
+                .unwrap();
         }
         // Give the writer thread of the first handle time to release the file.
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -257,6 +267,9 @@ mod tests {
         assert_eq!(left[0].key, "acme");
         outbox.append("acme".into(), vec![99]).await.unwrap();
         let all = outbox.peek(100).unwrap();
-        assert!(all.last().unwrap().seq > left.last().unwrap().seq, "sequence keeps growing");
+        assert!(
+            all.last().unwrap().seq > left.last().unwrap().seq,
+            "sequence keeps growing"
+        );
     }
 }

@@ -30,7 +30,12 @@ pub fn producer(brokers: &str) -> Result<FutureProducer, rdkafka::error::KafkaEr
 /// Publishes until `stop` turns true and the outbox is empty (or, when the
 /// broker is away at shutdown, until the grace period is over: what is left
 /// stays in the outbox for the next start).
-pub async fn run(outbox: Outbox, producer: FutureProducer, topic: String, mut stop: watch::Receiver<bool>) {
+pub async fn run(
+    outbox: Outbox,
+    producer: FutureProducer,
+    topic: String,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut backoff = Duration::from_millis(100);
     loop {
         report_depth(&outbox);
@@ -89,7 +94,10 @@ pub async fn run(outbox: Outbox, producer: FutureProducer, topic: String, mut st
         if failed > 0 {
             counter!("gateway_relay_errors_total").increment(failed as u64);
             if *stop.borrow() {
-                tracing::warn!(left = failed, "broker unavailable at shutdown; events stay in the outbox");
+                tracing::warn!(
+                    left = failed,
+                    "broker unavailable at shutdown; events stay in the outbox"
+                );
                 return;
             }
             tokio::time::sleep(backoff).await;
@@ -109,4 +117,3 @@ fn report_depth(outbox: &Outbox) {
         .map_or(0, |oldest| chrono::Utc::now().timestamp_millis() - oldest);
     gauge!("gateway_outbox_age_seconds").set(age.max(0) as f64 / 1000.0);
 }
-

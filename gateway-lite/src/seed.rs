@@ -74,8 +74,9 @@ pub struct LimitSeed {
 
 /// Reads and parses a seed file, naming the file and the problem on error.
 pub fn load(path: &Path) -> Result<SeedFile, GatewayError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| GatewayError::Config(format!("GATEWAY_TENANTS_FILE {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        GatewayError::Config(format!("GATEWAY_TENANTS_FILE {}: {e}", path.display()))
+    })?;
     serde_norway::from_str(&text)
         .map_err(|e| GatewayError::Config(format!("GATEWAY_TENANTS_FILE {}: {e}", path.display())))
 }
@@ -149,5 +150,7 @@ pub async fn apply(pool: &PgPool, seed: &SeedFile) -> Result<(), GatewayError> {
 }
 
 fn seed_error(tenant: &str, e: sqlx::Error) -> GatewayError {
-    GatewayError::Config(format!("GATEWAY_TENANTS_FILE: tenant {tenant:?} was rejected: {e}"))
+    GatewayError::Config(format!(
+        "GATEWAY_TENANTS_FILE: tenant {tenant:?} was rejected: {e}"
+    ))
 }

@@ -56,7 +56,10 @@ async fn request_id(mut req: Request, next: Next) -> Response {
 }
 
 /// Runs the gateway until `shutdown` resolves.
-pub async fn run(config: GatewayConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), GatewayError> {
+pub async fn run(
+    config: GatewayConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), GatewayError> {
     config.validate()?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
@@ -81,11 +84,19 @@ pub async fn run(config: GatewayConfig, shutdown: impl Future<Output = ()> + Sen
     tracing::info!(waiting = outbox.depth(), path = %config.outbox.display(), "outbox open");
     let producer = relay::producer(&config.kafka_brokers)?;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let relay_task = tokio::spawn(relay::run(outbox.clone(), producer, config.topic.clone(), stop_rx));
+    let relay_task = tokio::spawn(relay::run(
+        outbox.clone(),
+        producer,
+        config.topic.clone(),
+        stop_rx,
+    ));
 
     let state = AppState {
         registry,
-        engine: Arc::new(Simulator::new(ModelProfile::reference(), config.engine_speedup)),
+        engine: Arc::new(Simulator::new(
+            ModelProfile::reference(),
+            config.engine_speedup,
+        )),
         outbox,
         gateway_id: config.gateway_id.clone(),
         speedup: config.engine_speedup,

@@ -25,6 +25,16 @@ pub fn hash_key(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
+#[derive(sqlx::FromRow)]
+struct KeyRow {
+    key_hash: Vec<u8>,
+    tenant_id: String,
+    api_key_id: String,
+    priority: i16,
+    max_context: Option<i32>,
+    max_output: Option<i32>,
+}
+
 /// The in-memory view of active keys.
 #[derive(Clone, Default)]
 pub struct Registry {
@@ -40,7 +50,7 @@ impl Registry {
 
     /// Reloads every active key from Postgres.
     pub async fn refresh(&self, pool: &PgPool) -> Result<usize, sqlx::Error> {
-        let rows: Vec<(Vec<u8>, String, String, i16, Option<i32>, Option<i32>)> = sqlx::query_as(
+        let rows: Vec<KeyRow> = sqlx::query_as(
             "SELECT k.key_hash, k.tenant_id, k.api_key_id, t.priority, l.max_context, l.max_output
              FROM api_keys k
              JOIN tenants t USING (tenant_id)
@@ -50,18 +60,18 @@ impl Registry {
         .fetch_all(pool)
         .await?;
         let mut map = HashMap::with_capacity(rows.len());
-        for (hash, tenant_id, api_key_id, priority, max_context, max_output) in rows {
-            let Ok(hash) = <[u8; 32]>::try_from(hash.as_slice()) else {
+        for row in rows {
+            let Ok(hash) = <[u8; 32]>::try_from(row.key_hash.as_slice()) else {
                 continue;
             };
             map.insert(
                 hash,
                 Caller {
-                    tenant_id,
-                    api_key_id,
-                    priority,
-                    max_context,
-                    max_output,
+                    tenant_id: row.tenant_id,
+                    api_key_id: row.api_key_id,
+                    priority: row.priority,
+                    max_context: row.max_context,
+                    max_output: row.max_output,
                 },
             );
         }

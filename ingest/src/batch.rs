@@ -3,7 +3,7 @@
 //! seen earlier in the same batch, and how the counted events add up per
 //! hour. Pure functions, so the rules are unit- and property-tested.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use rust_decimal::Decimal;
@@ -66,7 +66,7 @@ impl Decoded {
 /// Decodes and validates every message against the clock `now`.
 pub fn split(messages: &[RawMessage], now: DateTime<Utc>) -> Decoded {
     let mut out = Decoded::default();
-    let mut seen: HashMap<Uuid, usize> = HashMap::with_capacity(messages.len());
+    let mut seen: HashSet<Uuid> = HashSet::with_capacity(messages.len());
     for m in messages {
         let next = out.next_offsets.entry(m.partition).or_insert(m.offset + 1);
         *next = (*next).max(m.offset + 1);
@@ -79,11 +79,10 @@ pub fn split(messages: &[RawMessage], now: DateTime<Utc>) -> Decoded {
                     offset: m.offset,
                 };
                 let id = candidate.event.request_id.as_uuid();
-                if seen.contains_key(&id) {
-                    out.repeats.push(candidate);
-                } else {
-                    seen.insert(id, out.firsts.len());
+                if seen.insert(id) {
                     out.firsts.push(candidate);
+                } else {
+                    out.repeats.push(candidate);
                 }
             }
             Err(violation) => out.rejected.push(Rejected {

@@ -139,9 +139,7 @@ impl Batcher {
                 .ensure(&self.pool, decoded.firsts.iter().map(|c| &c.event))
                 .await
             {
-                Ok(()) => {
-                    store::commit_batch(&self.pool, &self.key, &self.owned, decoded).await
-                }
+                Ok(()) => store::commit_batch(&self.pool, &self.key, &self.owned, decoded).await,
                 Err(e) => Err(e),
             };
             match result {

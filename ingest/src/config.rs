@@ -11,7 +11,11 @@ use crate::error::IngestError;
 #[derive(Debug, Clone, Args)]
 pub struct IngestConfig {
     /// Postgres URL.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/meterline")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/meterline"
+    )]
     pub database_url: String,
     /// Kafka bootstrap servers, comma-separated.
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
@@ -51,7 +55,9 @@ impl IngestConfig {
             return Err(IngestError::Config("KAFKA_BROKERS is empty".into()));
         }
         if self.topic.trim().is_empty() || self.group.trim().is_empty() {
-            return Err(IngestError::Config("INGEST_TOPIC and INGEST_GROUP must not be empty".into()));
+            return Err(IngestError::Config(
+                "INGEST_TOPIC and INGEST_GROUP must not be empty".into(),
+            ));
         }
         self.database_url
             .parse::<sqlx::postgres::PgConnectOptions>()

@@ -109,7 +109,10 @@ impl Context {
                 tracing::error!(partition = p, error = %e, "cannot set start offset");
             }
         }
-        tracing::info!(?stored, "partitions assigned; starting at the offsets stored in postgres");
+        tracing::info!(
+            ?stored,
+            "partitions assigned; starting at the offsets stored in postgres"
+        );
         if self.feed.blocking_send(Feed::Assigned(stored)).is_err() {
             return;
         }
@@ -148,7 +151,10 @@ impl Context {
             .map(|e| e.partition())
             .collect();
         let (ack, acked) = std::sync::mpsc::sync_channel(1);
-        if self.feed.blocking_send(Feed::Revoked(partitions.clone(), ack)).is_ok()
+        if self
+            .feed
+            .blocking_send(Feed::Revoked(partitions.clone(), ack))
+            .is_ok()
             && acked.recv_timeout(self.revoke_timeout).is_err()
         {
             tracing::warn!(?partitions, "batcher did not finish before revoke timeout");
@@ -278,7 +284,11 @@ fn poll_loop(
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
         let _ = consumer.poll(Duration::from_millis(50));
-        if consumer.assignment().map(|a| a.count() == 0).unwrap_or(true) {
+        if consumer
+            .assignment()
+            .map(|a| a.count() == 0)
+            .unwrap_or(true)
+        {
             break;
         }
     }

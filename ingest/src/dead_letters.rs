@@ -54,7 +54,10 @@ pub struct RedriveReport {
 }
 
 /// Re-drives every open dead letter of `reason_code` (or all).
-pub async fn redrive(pool: &PgPool, reason_code: Option<&str>) -> Result<RedriveReport, sqlx::Error> {
+pub async fn redrive(
+    pool: &PgPool,
+    reason_code: Option<&str>,
+) -> Result<RedriveReport, sqlx::Error> {
     let mut report = RedriveReport::default();
     let mut partitions = Partitions::default();
     let open = list_open(pool, reason_code, i64::MAX).await?;

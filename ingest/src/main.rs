@@ -41,13 +41,23 @@ async fn main() -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => ingest::service::run(cli.config, shutdown_signal()).await?,
         Command::DeadLetters { reason, limit } => {
-            let pool = schema::connect(&cli.config.database_url, 2, std::time::Duration::from_secs(10)).await?;
+            let pool = schema::connect(
+                &cli.config.database_url,
+                2,
+                std::time::Duration::from_secs(10),
+            )
+            .await?;
             for dl in dead_letters::list_open(&pool, reason.as_deref(), limit).await? {
                 println_json(&dl)?;
             }
         }
         Command::Redrive { reason } => {
-            let pool = schema::connect(&cli.config.database_url, 2, std::time::Duration::from_secs(10)).await?;
+            let pool = schema::connect(
+                &cli.config.database_url,
+                2,
+                std::time::Duration::from_secs(10),
+            )
+            .await?;
             let report = dead_letters::redrive(&pool, reason.as_deref()).await?;
             println_json(&report)?;
         }
@@ -65,13 +75,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

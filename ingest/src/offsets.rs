@@ -22,7 +22,9 @@ pub struct ConsumerKey {
 pub enum Cas {
     Moved,
     /// The stored offset was not the expected one; this is what it was.
-    Stale { stored: Option<i64> },
+    Stale {
+        stored: Option<i64>,
+    },
 }
 
 /// Moves `partition` from `expected` to `next`. `expected == None` means

@@ -20,7 +20,10 @@ const DATABASE_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 /// Runs ingest until `shutdown` resolves; then commits what it holds and
 /// leaves the group.
-pub async fn run(config: IngestConfig, shutdown: impl Future<Output = ()>) -> Result<(), IngestError> {
+pub async fn run(
+    config: IngestConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), IngestError> {
     config.validate()?;
     let prometheus = PrometheusBuilder::new()
         .install_recorder()
@@ -28,7 +31,9 @@ pub async fn run(config: IngestConfig, shutdown: impl Future<Output = ()>) -> Re
     telemetry::describe();
     let listener = tokio::net::TcpListener::bind(config.metrics_addr)
         .await
-        .map_err(|e| IngestError::Config(format!("INGEST_METRICS_ADDR {}: {e}", config.metrics_addr)))?;
+        .map_err(|e| {
+            IngestError::Config(format!("INGEST_METRICS_ADDR {}: {e}", config.metrics_addr))
+        })?;
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || std::future::ready(prometheus.render())),
@@ -61,7 +66,12 @@ pub async fn run(config: IngestConfig, shutdown: impl Future<Output = ()>) -> Re
             pool.clone(),
             feed_tx,
         )?;
-        let batcher = Batcher::new(pool.clone(), key.clone(), batch, consumer.watermarks.clone());
+        let batcher = Batcher::new(
+            pool.clone(),
+            key.clone(),
+            batch,
+            consumer.watermarks.clone(),
+        );
         let mut session = tokio::spawn(batcher.run(feed_rx));
         let stopped = tokio::select! {
             stopped = &mut session => stopped,

@@ -32,7 +32,10 @@ pub enum Outcome {
     /// whose acknowledgement was lost, or another consumer with the same
     /// messages): nothing more to write for them. `fenced`: moved elsewhere,
     /// so this consumer is a zombie for them and must rejoin.
-    Stale { done: Vec<i32>, fenced: Vec<i32> },
+    Stale {
+        done: Vec<i32>,
+        fenced: Vec<i32>,
+    },
 }
 
 /// Remembers which day partitions of request_log exist.

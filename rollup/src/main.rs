@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 #[command(version)]
 struct Cli {
     /// Postgres URL.
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/meterline")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/meterline"
+    )]
     database_url: String,
     #[command(subcommand)]
     command: Command,
@@ -30,7 +34,9 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .init();
     let cli = Cli::parse();
     let pool = schema::connect(&cli.database_url, 2, Duration::from_secs(30)).await?;

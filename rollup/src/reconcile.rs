@@ -28,7 +28,11 @@ pub struct Difference {
 }
 
 /// Compares `[from, to)` (by the hour a request started in). Empty: they agree.
-pub async fn reconcile(pool: &PgPool, from: DateTime<Utc>, to: DateTime<Utc>) -> Result<Vec<Difference>, sqlx::Error> {
+pub async fn reconcile(
+    pool: &PgPool,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<Vec<Difference>, sqlx::Error> {
     sqlx::query_as(
         "WITH log AS (
              SELECT tenant_id, model, priority, date_trunc('hour', started_at) AS hour,

@@ -24,7 +24,11 @@ pub enum SchemaError {
 }
 
 /// Connects (retrying for up to `wait`) and applies the migrations.
-pub async fn connect(url: &str, max_connections: u32, wait: Duration) -> Result<PgPool, SchemaError> {
+pub async fn connect(
+    url: &str,
+    max_connections: u32,
+    wait: Duration,
+) -> Result<PgPool, SchemaError> {
     let options: PgConnectOptions = url.parse().map_err(SchemaError::BadUrl)?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut backoff = Duration::from_millis(100);

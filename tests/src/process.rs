@@ -85,7 +85,9 @@ impl Service {
     pub async fn terminate(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
         let mut c = self.child.take()?;
         if let Some(pid) = c.id() {
-            let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
         }
         match tokio::time::timeout(grace, c.wait()).await {
             Ok(status) => status.ok(),
@@ -104,7 +106,9 @@ impl Service {
 
     /// Whether the process has exited, and how.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// The service's log so far (for assertion messages).
@@ -134,10 +138,18 @@ pub async fn wait_healthy(url: &str, service: &mut Service, within: Duration) {
             }
         }
         if let Some(status) = service.exited() {
-            panic!("{} exited with {status} before it was healthy:\n{}", service.name, service.log_tail());
+            panic!(
+                "{} exited with {status} before it was healthy:\n{}",
+                service.name,
+                service.log_tail()
+            );
         }
         if tokio::time::Instant::now() > deadline {
-            panic!("{} not healthy at {url} within {within:?}:\n{}", service.name, service.log_tail());
+            panic!(
+                "{} not healthy at {url} within {within:?}:\n{}",
+                service.name,
+                service.log_tail()
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

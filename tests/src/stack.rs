@@ -20,7 +20,8 @@ pub struct TestStack {
 }
 
 fn base_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/meterline".into())
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/meterline".into())
 }
 
 impl TestStack {
@@ -88,9 +89,12 @@ impl TestStack {
                     }
                     Err((e, _)) => {
                         assert!(
-                            matches!(e, rdkafka::error::KafkaError::MessageProduction(
-                                rdkafka::types::RDKafkaErrorCode::QueueFull
-                            )),
+                            matches!(
+                                e,
+                                rdkafka::error::KafkaError::MessageProduction(
+                                    rdkafka::types::RDKafkaErrorCode::QueueFull
+                                )
+                            ),
                             "produce failed: {e}"
                         );
                         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -111,7 +115,10 @@ async fn schema_pool(url: &str) -> PgPool {
         .await
         .expect("connect test database");
     // The same migrations every service applies at start-up.
-    sqlx::migrate!("../migrations").run(&pool).await.expect("migrate");
+    sqlx::migrate!("../migrations")
+        .run(&pool)
+        .await
+        .expect("migrate");
     pool
 }
 

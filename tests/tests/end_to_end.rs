@@ -33,28 +33,57 @@ async fn start_all(stack: &TestStack) -> Running {
     let billing_port = free_port();
     let mut env = stack.env();
     env.insert("GATEWAY_ADDR".into(), format!("127.0.0.1:{gw_port}"));
-    env.insert("GATEWAY_OUTBOX".into(), stack.dir.path().join("outbox.redb").display().to_string());
+    env.insert(
+        "GATEWAY_OUTBOX".into(),
+        stack.dir.path().join("outbox.redb").display().to_string(),
+    );
     env.insert("GATEWAY_TENANTS_FILE".into(), tenants_file.into());
     env.insert("ENGINE_SPEEDUP".into(), "0".into());
     env.insert("BILLING_ADDR".into(), format!("127.0.0.1:{billing_port}"));
-    env.insert("BILLING_BOOTSTRAP_FINANCE_TOKEN".into(), FINANCE_TOKEN.into());
-    env.insert("INGEST_METRICS_ADDR".into(), format!("127.0.0.1:{}", free_port()));
+    env.insert(
+        "BILLING_BOOTSTRAP_FINANCE_TOKEN".into(),
+        FINANCE_TOKEN.into(),
+    );
+    env.insert(
+        "INGEST_METRICS_ADDR".into(),
+        format!("127.0.0.1:{}", free_port()),
+    );
     env.insert("INGEST_LINGER_MS".into(), "50".into());
     let log_dir = stack.dir.path();
     let mut gateway = Service::start("gateway", "gateway-lite", &[], env.clone(), log_dir);
     let gateway_url = format!("http://127.0.0.1:{gw_port}");
-    wait_healthy(&format!("{gateway_url}/healthz"), &mut gateway, Duration::from_secs(60)).await;
+    wait_healthy(
+        &format!("{gateway_url}/healthz"),
+        &mut gateway,
+        Duration::from_secs(60),
+    )
+    .await;
     let ingest = Service::start("ingest", "ingest", &[], env.clone(), log_dir);
     let mut billing = Service::start("billing", "billing-api", &[], env, log_dir);
     let billing_url = format!("http://127.0.0.1:{billing_port}");
-    wait_healthy(&format!("{billing_url}/healthz"), &mut billing, Duration::from_secs(60)).await;
-    Running { gateway, ingest, billing, gateway_url, billing_url }
+    wait_healthy(
+        &format!("{billing_url}/healthz"),
+        &mut billing,
+        Duration::from_secs(60),
+    )
+    .await;
+    Running {
+        gateway,
+        ingest,
+        billing,
+        gateway_url,
+        billing_url,
+    }
 }
 
 /// What clients were told, per tenant: (requests, prompt, cached, completion).
 type Told = BTreeMap<String, (i64, i64, i64, i64)>;
 
-async fn send_requests(client: &reqwest::Client, gateway_url: &str, per_tenant: usize) -> (Told, Vec<String>) {
+async fn send_requests(
+    client: &reqwest::Client,
+    gateway_url: &str,
+    per_tenant: usize,
+) -> (Told, Vec<String>) {
     let mut told = Told::new();
     let mut ids = Vec::new();
     for (i, (tenant, key)) in TENANTS.iter().enumerate() {
@@ -81,7 +110,9 @@ async fn send_requests(client: &reqwest::Client, gateway_url: &str, per_tenant: 
             let entry = told.entry(tenant.to_string()).or_default();
             entry.0 += 1;
             entry.1 += u["prompt_tokens"].as_i64().unwrap();
-            entry.2 += u["prompt_tokens_details"]["cached_tokens"].as_i64().unwrap();
+            entry.2 += u["prompt_tokens_details"]["cached_tokens"]
+                .as_i64()
+                .unwrap();
             entry.3 += u["completion_tokens"].as_i64().unwrap();
             assert_eq!(
                 u["total_tokens"].as_i64().unwrap(),
@@ -102,7 +133,9 @@ async fn hourly(stack: &TestStack) -> Told {
     .fetch_all(&stack.pool)
     .await
     .unwrap();
-    rows.into_iter().map(|(t, r, p, c, o)| (t, (r, p, c, o))).collect()
+    rows.into_iter()
+        .map(|(t, r, p, c, o)| (t, (r, p, c, o)))
+        .collect()
 }
 
 async fn wait_for(stack: &TestStack, expected: &Told, running: &Running) {
@@ -136,18 +169,23 @@ async fn tokens_clients_were_told_are_exactly_what_is_billed() {
         .iter()
         .map(|id| id.strip_prefix("req_").unwrap().parse().unwrap())
         .collect();
-    let (found,): (i64,) = sqlx::query_as("SELECT count(*) FROM request_log WHERE request_id = ANY($1)")
-        .bind(&uuids)
+    let (found,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM request_log WHERE request_id = ANY($1)")
+            .bind(&uuids)
+            .fetch_one(&stack.pool)
+            .await
+            .unwrap();
+    assert_eq!(found as usize, ids.len());
+    let (total,): (i64,) = sqlx::query_as("SELECT count(*) FROM request_log")
         .fetch_one(&stack.pool)
         .await
         .unwrap();
-    assert_eq!(found as usize, ids.len());
-    let (total,): (i64,) = sqlx::query_as("SELECT count(*) FROM request_log").fetch_one(&stack.pool).await.unwrap();
     assert_eq!(total as usize, ids.len());
 
     // billing-api returns the same figures, and GPU-seconds agree with request_log.
     let now = chrono::Utc::now();
-    let from = (now - chrono::Duration::hours(2)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let from =
+        (now - chrono::Duration::hours(2)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let to = (now + chrono::Duration::hours(2)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     for (tenant, (requests, prompt, cached, completion)) in &told {
         let v: Value = client
@@ -164,7 +202,11 @@ async fn tokens_clients_were_told_are_exactly_what_is_billed() {
         assert_eq!(t["requests"].as_i64().unwrap(), *requests, "{tenant}: {v}");
         assert_eq!(t["prompt_tokens"].as_i64().unwrap(), *prompt, "{tenant}");
         assert_eq!(t["cached_tokens"].as_i64().unwrap(), *cached, "{tenant}");
-        assert_eq!(t["completion_tokens"].as_i64().unwrap(), *completion, "{tenant}");
+        assert_eq!(
+            t["completion_tokens"].as_i64().unwrap(),
+            *completion,
+            "{tenant}"
+        );
         let (log_gpu,): (Decimal,) =
             sqlx::query_as("SELECT sum(gpu_seconds) FROM request_log WHERE tenant_id = $1")
                 .bind(tenant)
@@ -208,22 +250,41 @@ async fn bad_requests_get_openai_errors_and_are_not_billed() {
     for (req, status, code) in cases {
         let res = req.send().await.unwrap();
         assert_eq!(res.status().as_u16(), status);
-        assert!(res.headers().contains_key("x-request-id"), "every response carries X-Request-Id");
+        assert!(
+            res.headers().contains_key("x-request-id"),
+            "every response carries X-Request-Id"
+        );
         let v: Value = res.json().await.unwrap();
-        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{v}"
+        );
         assert!(v["error"]["type"].is_string(), "{v}");
         if !code.is_empty() {
             assert_eq!(v["error"]["code"], code, "{v}");
         }
     }
     // One good request, so we know the pipeline is flowing, then nothing else is billed.
-    let res = client.post(&url).bearer_auth(TENANTS[0].1).json(&ok_body).send().await.unwrap();
+    let res = client
+        .post(&url)
+        .bearer_auth(TENANTS[0].1)
+        .json(&ok_body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
     let v: Value = res.json().await.unwrap();
     let mut expected = Told::new();
     expected.insert(
         "acme-corp".into(),
-        (1, v["usage"]["prompt_tokens"].as_i64().unwrap(), 0, v["usage"]["completion_tokens"].as_i64().unwrap()),
+        (
+            1,
+            v["usage"]["prompt_tokens"].as_i64().unwrap(),
+            0,
+            v["usage"]["completion_tokens"].as_i64().unwrap(),
+        ),
     );
     wait_for(&stack, &expected, &running).await;
 }
@@ -244,20 +305,51 @@ async fn team_lead_cannot_see_other_tenant() {
     let get = |tenant: &str, token: &str| {
         client
             .get(format!("{}/v1/tenants/{tenant}/usage", running.billing_url))
-            .query(&[("from", "2026-01-01T00:00:00Z"), ("to", "2026-02-01T00:00:00Z")])
+            .query(&[
+                ("from", "2026-01-01T00:00:00Z"),
+                ("to", "2026-02-01T00:00:00Z"),
+            ])
             .bearer_auth(token)
             .send()
     };
-    assert_eq!(get("acme-corp", "lead-token-acme-0001").await.unwrap().status(), 200);
-    assert_eq!(get("medai-labs", "lead-token-acme-0001").await.unwrap().status(), 404);
-    assert_eq!(get("no-such-tenant", "lead-token-acme-0001").await.unwrap().status(), 404);
-    assert_eq!(get("acme-corp", "support-token-0001").await.unwrap().status(), 404);
+    assert_eq!(
+        get("acme-corp", "lead-token-acme-0001")
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        get("medai-labs", "lead-token-acme-0001")
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert_eq!(
+        get("no-such-tenant", "lead-token-acme-0001")
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert_eq!(
+        get("acme-corp", "support-token-0001")
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
     assert_eq!(get("acme-corp", "not-a-token").await.unwrap().status(), 401);
     assert_eq!(get("acme-corp", FINANCE_TOKEN).await.unwrap().status(), 200);
-    let (audited,): (i64,) = sqlx::query_as("SELECT count(*) FROM audit_log WHERE action = 'read_usage'")
-        .fetch_one(&stack.pool)
-        .await
-        .unwrap();
-    assert_eq!(audited, 2, "each read of usage is audited, refusals are not reads");
+    let (audited,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM audit_log WHERE action = 'read_usage'")
+            .fetch_one(&stack.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        audited, 2,
+        "each read of usage is audited, refusals are not reads"
+    );
     drop(running.gateway);
 }

@@ -47,7 +47,9 @@ fn event(rng: &mut StdRng, n: usize) -> UsageEvent {
     let (tenant, priority) = TENANTS[n % TENANTS.len()];
     // Spread over the last six hours, so several hours and day partitions may be hit.
     let started_at = Utc::now() - TimeDelta::milliseconds(rng.random_range(60_000..6 * 3_600_000));
-    let started_at = started_at.duration_trunc(TimeDelta::milliseconds(1)).unwrap();
+    let started_at = started_at
+        .duration_trunc(TimeDelta::milliseconds(1))
+        .unwrap();
     let prompt = rng.random_range(1..8_000);
     let finished_at = started_at + TimeDelta::milliseconds(rng.random_range(50..20_000));
     UsageEvent {
@@ -66,8 +68,12 @@ fn event(rng: &mut StdRng, n: usize) -> UsageEvent {
         completion_tokens: rng.random_range(0..2_000),
         gpu_seconds: Decimal::new(rng.random_range(1..50_000_000), 6),
         preempted_gpu_seconds: Decimal::new(rng.random_range(0..1_000), 6),
-        finish_reason: [FinishReason::Stop, FinishReason::Length, FinishReason::Cancelled, FinishReason::Error]
-            [rng.random_range(0..4)],
+        finish_reason: [
+            FinishReason::Stop,
+            FinishReason::Length,
+            FinishReason::Cancelled,
+            FinishReason::Error,
+        ][rng.random_range(0..4)],
         ttft_ms: Some(120),
         tpot_ms: Some(8),
         replica_id: "r0".into(),
@@ -76,40 +82,71 @@ fn event(rng: &mut StdRng, n: usize) -> UsageEvent {
     }
 }
 
-/// Ground truth per (tenant, model, priority, hour):
-/// requests, prompt, cached, completion, gpu, preempted, cancelled, errored.
-type Truth = BTreeMap<(String, String, i16, chrono::DateTime<Utc>), (i64, i64, i64, i64, Decimal, Decimal, i64, i64)>;
+/// One usage_hourly row's figures.
+#[derive(Debug, Default, Clone, PartialEq, Eq, sqlx::FromRow)]
+struct Sums {
+    requests: i64,
+    prompt_tokens: i64,
+    cached_tokens: i64,
+    completion_tokens: i64,
+    gpu_seconds: Decimal,
+    preempted_gpu_seconds: Decimal,
+    cancelled_requests: i64,
+    errored_requests: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct HourRow {
+    tenant_id: String,
+    model: String,
+    priority: i16,
+    hour: chrono::DateTime<Utc>,
+    #[sqlx(flatten)]
+    sums: Sums,
+}
+
+/// Ground truth per (tenant, model, priority, hour).
+type Truth = BTreeMap<(String, String, i16, chrono::DateTime<Utc>), Sums>;
 
 fn truth_of(events: &[UsageEvent]) -> Truth {
     let mut t = Truth::new();
     for e in events {
         let hour = e.started_at.duration_trunc(TimeDelta::hours(1)).unwrap();
-        let row = t.entry((e.tenant_id.clone(), e.model.clone(), e.priority, hour)).or_default();
-        row.0 += 1;
-        row.1 += e.prompt_tokens;
-        row.2 += e.cached_tokens;
-        row.3 += e.completion_tokens;
-        row.4 += e.gpu_seconds;
-        row.5 += e.preempted_gpu_seconds;
-        row.6 += i64::from(e.finish_reason == FinishReason::Cancelled);
-        row.7 += i64::from(e.finish_reason == FinishReason::Error);
+        let row = t
+            .entry((e.tenant_id.clone(), e.model.clone(), e.priority, hour))
+            .or_default();
+        row.requests += 1;
+        row.prompt_tokens += e.prompt_tokens;
+        row.cached_tokens += e.cached_tokens;
+        row.completion_tokens += e.completion_tokens;
+        row.gpu_seconds += e.gpu_seconds;
+        row.preempted_gpu_seconds += e.preempted_gpu_seconds;
+        row.cancelled_requests += i64::from(e.finish_reason == FinishReason::Cancelled);
+        row.errored_requests += i64::from(e.finish_reason == FinishReason::Error);
+    }
+    for sums in t.values_mut() {
+        sums.gpu_seconds = sums.gpu_seconds.normalize();
+        sums.preempted_gpu_seconds = sums.preempted_gpu_seconds.normalize();
     }
     t
 }
 
 async fn stored(stack: &TestStack) -> Option<Truth> {
-    let rows: Vec<(String, String, i16, chrono::DateTime<Utc>, i64, i64, i64, i64, Decimal, Decimal, i64, i64)> =
-        sqlx::query_as(
-            "SELECT tenant_id, model, priority, hour, requests, prompt_tokens, cached_tokens,
-                    completion_tokens, gpu_seconds, preempted_gpu_seconds, cancelled_requests,
-                    errored_requests FROM usage_hourly",
-        )
-        .fetch_all(&stack.pool)
-        .await
-        .ok()?;
+    let rows: Vec<HourRow> = sqlx::query_as(
+        "SELECT tenant_id, model, priority, hour, requests, prompt_tokens, cached_tokens,
+                completion_tokens, gpu_seconds, preempted_gpu_seconds, cancelled_requests,
+                errored_requests FROM usage_hourly",
+    )
+    .fetch_all(&stack.pool)
+    .await
+    .ok()?;
     Some(
         rows.into_iter()
-            .map(|r| ((r.0, r.1, r.2, r.3), (r.4, r.5, r.6, r.7, r.8.normalize(), r.9.normalize(), r.10, r.11)))
+            .map(|mut r| {
+                r.sums.gpu_seconds = r.sums.gpu_seconds.normalize();
+                r.sums.preempted_gpu_seconds = r.sums.preempted_gpu_seconds.normalize();
+                ((r.tenant_id, r.model, r.priority, r.hour), r.sums)
+            })
             .collect(),
     )
 }
@@ -125,8 +162,14 @@ async fn dead_letter_counts(stack: &TestStack) -> Option<BTreeMap<String, i64>> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() {
-    let seed: u64 = std::env::var("DRILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-    let total: usize = std::env::var("DRILL_EVENTS").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let seed: u64 = std::env::var("DRILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let total: usize = std::env::var("DRILL_EVENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000);
     println!("fault drill: seed {seed}, {total} events (DRILL_SEED / DRILL_EVENTS to repeat)");
     let mut rng = StdRng::seed_from_u64(seed);
     let stack = TestStack::new("drill").await;
@@ -146,10 +189,11 @@ async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() 
     let valid: Vec<UsageEvent> = (0..total).map(|n| event(&mut rng, n)).collect();
     let mut messages: Vec<(String, Vec<u8>)> = Vec::with_capacity(total * 12 / 10);
     let mut expected_dead: BTreeMap<String, i64> = BTreeMap::new();
-    let mut bad = |messages: &mut Vec<(String, Vec<u8>)>, code: &str, key: String, payload: Vec<u8>| {
-        *expected_dead.entry(code.to_owned()).or_default() += 1;
-        messages.push((key, payload));
-    };
+    let mut bad =
+        |messages: &mut Vec<(String, Vec<u8>)>, code: &str, key: String, payload: Vec<u8>| {
+            *expected_dead.entry(code.to_owned()).or_default() += 1;
+            messages.push((key, payload));
+        };
     for (n, e) in valid.iter().enumerate() {
         messages.push((e.tenant_id.clone(), e.to_json()));
         let roll = rng.random_range(0..1000);
@@ -162,22 +206,42 @@ async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() 
                 c.completion_tokens += 1;
                 bad(&mut messages, "conflict", e.tenant_id.clone(), c.to_json());
             }
-            110..=114 => bad(&mut messages, "undecodable", e.tenant_id.clone(), format!("\u{1}garbage {n}").into_bytes()),
+            110..=114 => bad(
+                &mut messages,
+                "undecodable",
+                e.tenant_id.clone(),
+                format!("\u{1}garbage {n}").into_bytes(),
+            ),
             115..=119 => {
                 let mut v: serde_json::Value = serde_json::from_slice(&e.to_json()).unwrap();
                 v["schema_version"] = 2.into();
                 v["request_id"] = RequestId::new().to_string().into();
-                bad(&mut messages, "unknown_schema_version", e.tenant_id.clone(), serde_json::to_vec(&v).unwrap());
+                bad(
+                    &mut messages,
+                    "unknown_schema_version",
+                    e.tenant_id.clone(),
+                    serde_json::to_vec(&v).unwrap(),
+                );
             }
             120..=124 => {
                 let mut c = event(&mut rng, n);
                 c.cached_tokens = c.prompt_tokens + 1;
-                bad(&mut messages, "cached_exceeds_prompt", c.tenant_id.clone(), c.to_json());
+                bad(
+                    &mut messages,
+                    "cached_exceeds_prompt",
+                    c.tenant_id.clone(),
+                    c.to_json(),
+                );
             }
             125..=129 => {
                 let mut c = event(&mut rng, n);
                 c.tenant_id = "nobody-inc".into();
-                bad(&mut messages, "unknown_tenant", "nobody-inc".into(), c.to_json());
+                bad(
+                    &mut messages,
+                    "unknown_tenant",
+                    "nobody-inc".into(),
+                    c.to_json(),
+                );
             }
             _ => {}
         }
@@ -189,7 +253,10 @@ async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() 
     env.insert("INGEST_LINGER_MS".into(), "100".into());
     let start = |name: &str, env: &HashMap<String, String>| {
         let mut env = env.clone();
-        env.insert("INGEST_METRICS_ADDR".into(), format!("127.0.0.1:{}", free_port()));
+        env.insert(
+            "INGEST_METRICS_ADDR".into(),
+            format!("127.0.0.1:{}", free_port()),
+        );
         Service::start(name, "ingest", &[], env, stack.dir.path())
     };
     let producer = stack.producer();
@@ -263,11 +330,20 @@ async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() 
     .fetch_one(&stack.pool)
     .await
     .unwrap();
-    assert_eq!(conflicts_with_both, expected_dead.get("conflict").copied().unwrap_or(0));
+    assert_eq!(
+        conflicts_with_both,
+        expected_dead.get("conflict").copied().unwrap_or(0)
+    );
     // The independent check agrees too.
     let status = std::process::Command::new(tests::process::bin_dir().join("rollup"))
         .env("DATABASE_URL", &stack.database_url)
-        .args(["reconcile", "--from", "2000-01-01T00:00:00Z", "--to", "2100-01-01T00:00:00Z"])
+        .args([
+            "reconcile",
+            "--from",
+            "2000-01-01T00:00:00Z",
+            "--to",
+            "2100-01-01T00:00:00Z",
+        ])
         .status()
         .unwrap();
     assert!(status.success(), "rollup reconcile found differences");

@@ -1,5 +1,7 @@
 //! Contract v1: the round trip, and one failing input per rule.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use proptest::prelude::*;
 use rust_decimal::Decimal;
@@ -89,13 +91,19 @@ fn content_hash_tells_duplicate_from_conflict() {
 
 #[test]
 fn undecodable_bytes() {
-    assert_eq!(decode(b"\xff\x00garbage", now()).unwrap_err().code(), "undecodable");
+    assert_eq!(
+        decode(b"\xff\x00garbage", now()).unwrap_err().code(),
+        "undecodable"
+    );
     assert_eq!(decode(b"[1,2,3]", now()).unwrap_err().code(), "undecodable");
 }
 
 #[test]
 fn unknown_schema_version() {
-    assert_eq!(code_of(with("schema_version", json!(2))), "unknown_schema_version");
+    assert_eq!(
+        code_of(with("schema_version", json!(2))),
+        "unknown_schema_version"
+    );
     // A v2 event with fields v1 does not know is still "unknown version", not "malformed".
     let mut v = with("schema_version", json!(2));
     v["new_v2_field"] = json!(true);
@@ -104,7 +112,13 @@ fn unknown_schema_version() {
 
 #[test]
 fn missing_field_is_named() {
-    for field in ["tenant_id", "prompt_tokens", "gpu_seconds", "started_at", "schema_version"] {
+    for field in [
+        "tenant_id",
+        "prompt_tokens",
+        "gpu_seconds",
+        "started_at",
+        "schema_version",
+    ] {
         let mut v = as_json(&event());
         v.as_object_mut().unwrap().remove(field);
         let err = decode(&serde_json::to_vec(&v).unwrap(), now()).unwrap_err();
@@ -119,30 +133,51 @@ fn float_gpu_seconds_is_rejected() {
 
 #[test]
 fn bad_request_id() {
-    assert_eq!(code_of(with("request_id", json!("req_not-a-uuid"))), "invalid_field");
+    assert_eq!(
+        code_of(with("request_id", json!("req_not-a-uuid"))),
+        "invalid_field"
+    );
 }
 
 #[test]
 fn cached_exceeds_prompt() {
-    assert_eq!(code_of(with("cached_tokens", json!(801))), "cached_exceeds_prompt");
+    assert_eq!(
+        code_of(with("cached_tokens", json!(801))),
+        "cached_exceeds_prompt"
+    );
 }
 
 #[test]
 fn negative_counts() {
     assert_eq!(code_of(with("prompt_tokens", json!(-1))), "negative_count");
-    assert_eq!(code_of(with("completion_tokens", json!(-5))), "negative_count");
-    assert_eq!(code_of(with("gpu_seconds", json!("-0.000001"))), "negative_count");
+    assert_eq!(
+        code_of(with("completion_tokens", json!(-5))),
+        "negative_count"
+    );
+    assert_eq!(
+        code_of(with("gpu_seconds", json!("-0.000001"))),
+        "negative_count"
+    );
 }
 
 #[test]
 fn absurd_counts() {
-    assert_eq!(code_of(with("completion_tokens", json!(10_000_001))), "absurd_count");
-    assert_eq!(code_of(with("gpu_seconds", json!("999999999"))), "absurd_count");
+    assert_eq!(
+        code_of(with("completion_tokens", json!(10_000_001))),
+        "absurd_count"
+    );
+    assert_eq!(
+        code_of(with("gpu_seconds", json!("999999999"))),
+        "absurd_count"
+    );
 }
 
 #[test]
 fn gpu_seconds_finer_than_a_microsecond() {
-    assert_eq!(code_of(with("gpu_seconds", json!("0.0000001"))), "too_precise");
+    assert_eq!(
+        code_of(with("gpu_seconds", json!("0.0000001"))),
+        "too_precise"
+    );
     // Trailing zeros are not extra precision.
     let v = with("gpu_seconds", json!("0.50000000"));
     let e = decode(&serde_json::to_vec(&v).unwrap(), now()).unwrap();
@@ -152,14 +187,20 @@ fn gpu_seconds_finer_than_a_microsecond() {
 #[test]
 fn finished_before_started() {
     let e = event();
-    let v = with("finished_at", json!((e.started_at - Duration::milliseconds(1)).to_rfc3339()));
+    let v = with(
+        "finished_at",
+        json!((e.started_at - Duration::milliseconds(1)).to_rfc3339()),
+    );
     assert_eq!(code_of(v), "finished_before_started");
 }
 
 #[test]
 fn first_token_outside_the_request() {
     let e = event();
-    let v = with("first_token_at", json!((e.finished_at + Duration::seconds(1)).to_rfc3339()));
+    let v = with(
+        "first_token_at",
+        json!((e.finished_at + Duration::seconds(1)).to_rfc3339()),
+    );
     assert_eq!(code_of(v), "first_token_out_of_range");
 }
 
@@ -185,7 +226,10 @@ fn empty_identifier() {
 
 #[test]
 fn unknown_finish_reason_and_unknown_fields() {
-    assert_eq!(code_of(with("finish_reason", json!("exploded"))), "invalid_field");
+    assert_eq!(
+        code_of(with("finish_reason", json!("exploded"))),
+        "invalid_field"
+    );
     // v1 carries no other fields: in particular no prompt or completion text.
     assert_eq!(code_of(with("prompt", json!("hello"))), "invalid_field");
 }

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit and property tests, and the
+# end-to-end tests against the real Postgres and the real broker (which this
+# script brings up first; the broker's first build takes ~17 minutes).
+set -Eeuo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+cd "$ROOT"
+command -v cargo >/dev/null || { echo "error: cargo not found; install Rust with rustup" >&2; exit 1; }
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+bash scripts/stack.sh up
+# shellcheck disable=SC1091
+. .stack/env
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== build the services the end-to-end tests start"
+cargo build --workspace --bins --quiet
+echo "== cargo test"
+# Test binaries run one after another; the fault drill restarts Postgres and
+# relies on that.
+cargo test --workspace
