@@ -19,4 +19,12 @@ cargo build --workspace --bins --quiet
 echo "== cargo test"
 # Test binaries run one after another; the fault drill restarts Postgres and
 # relies on that.
-cargo test --workspace
+LOG="$ROOT/.stack/test-output.log"
+set +e
+cargo test --workspace 2>&1 | tee "$LOG"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole suite, summed over every test binary.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "%d passed, %d failed\n", p, f }' "$LOG"
+exit "$status"

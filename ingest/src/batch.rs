@@ -102,8 +102,6 @@ pub fn split(messages: &[RawMessage], now: DateTime<Utc>) -> Decoded {
 /// How a candidate compares with the version stored under its id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// Nothing was stored: this version is now the stored one.
-    Inserted,
     /// Same id, same content: skip it, count it as a duplicate.
     Duplicate,
     /// Same id, other content: dead-letter it with both versions.
@@ -185,4 +183,147 @@ pub fn aggregate<'a>(
             (key, totals)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use proptest::prelude::*;
+    use usage_contract::RequestId;
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 29, 12, 0, 0).unwrap()
+    }
+
+    fn event(tenant: &str, minute: u32, completion: i64, reason: FinishReason) -> UsageEvent {
+        let started = Utc.with_ymd_and_hms(2026, 11, 29, 10, minute, 0).unwrap();
+        UsageEvent {
+            schema_version: 1,
+            request_id: RequestId::at(started),
+            tenant_id: tenant.into(),
+            api_key_id: "k".into(),
+            model: "m".into(),
+            model_version: "v".into(),
+            priority: 3,
+            started_at: started,
+            first_token_at: None,
+            finished_at: started,
+            prompt_tokens: 10,
+            cached_tokens: 4,
+            completion_tokens: completion,
+            gpu_seconds: Decimal::new(1_500_001, 6),
+            preempted_gpu_seconds: Decimal::ZERO,
+            finish_reason: reason,
+            ttft_ms: None,
+            tpot_ms: None,
+            replica_id: "r".into(),
+            gateway_id: "g".into(),
+            stream: false,
+        }
+    }
+
+    fn raw(partition: i32, offset: i64, payload: Vec<u8>) -> RawMessage {
+        RawMessage {
+            partition,
+            offset,
+            payload,
+        }
+    }
+
+    #[test]
+    fn repeats_in_one_batch_are_kept_apart_from_first_occurrences() {
+        let a = event("t", 1, 5, FinishReason::Stop);
+        let mut conflicting = a.clone();
+        conflicting.completion_tokens = 6;
+        let msgs = vec![
+            raw(0, 10, a.to_json()),
+            raw(0, 11, a.to_json()),
+            raw(1, 7, conflicting.to_json()),
+            raw(1, 8, b"junk".to_vec()),
+        ];
+        let d = split(&msgs, now());
+        assert_eq!(d.firsts.len(), 1);
+        assert_eq!(d.repeats.len(), 2);
+        assert_eq!(d.rejected.len(), 1);
+        assert_eq!(d.rejected[0].violation.code(), "undecodable");
+        assert_eq!((d.rejected[0].partition, d.rejected[0].offset), (1, 8));
+        assert_eq!(d.next_offsets, BTreeMap::from([(0, 12), (1, 9)]));
+        assert_eq!(
+            compare(&d.firsts[0].hash, &d.repeats[0].hash),
+            Verdict::Duplicate
+        );
+        assert_eq!(
+            compare(&d.firsts[0].hash, &d.repeats[1].hash),
+            Verdict::Conflict
+        );
+    }
+
+    #[test]
+    fn hour_is_the_utc_hour_the_request_started_in() {
+        let e = event("t", 59, 1, FinishReason::Stop);
+        assert_eq!(
+            hour_of(&e),
+            Utc.with_ymd_and_hms(2026, 11, 29, 10, 0, 0).unwrap()
+        );
+    }
+
+    #[test]
+    fn cancelled_and_errored_requests_are_counted_apart() {
+        let events = [
+            event("t", 1, 1, FinishReason::Cancelled),
+            event("t", 2, 1, FinishReason::Error),
+            event("t", 3, 1, FinishReason::Length),
+        ];
+        let sums = aggregate(events.iter());
+        let t = sums.values().next().unwrap();
+        assert_eq!(
+            (t.requests, t.cancelled_requests, t.errored_requests),
+            (3, 1, 1)
+        );
+    }
+
+    proptest! {
+        /// Aggregating loses and invents nothing: per key, and in total, the
+        /// sums equal the plain sums over the events (decimals exactly).
+        #[test]
+        fn aggregation_conserves_every_count(
+            spec in proptest::collection::vec((0usize..3, 0u32..60, 0i64..5000, 0usize..4), 0..200)
+        ) {
+            let tenants = ["a", "b", "c"];
+            let reasons = [FinishReason::Stop, FinishReason::Length, FinishReason::Cancelled, FinishReason::Error];
+            let events: Vec<UsageEvent> = spec
+                .iter()
+                .map(|&(t, m, c, r)| event(tenants[t], m, c, reasons[r]))
+                .collect();
+            let sums = aggregate(events.iter());
+            let total_requests: i64 = sums.values().map(|t| t.requests).sum();
+            let total_completion: i64 = sums.values().map(|t| t.completion_tokens).sum();
+            let total_gpu: Decimal = sums.values().map(|t| t.gpu_seconds).sum();
+            prop_assert_eq!(total_requests, events.len() as i64);
+            prop_assert_eq!(total_completion, events.iter().map(|e| e.completion_tokens).sum::<i64>());
+            prop_assert_eq!(total_gpu, events.iter().map(|e| e.gpu_seconds).sum::<Decimal>());
+            for (key, t) in &sums {
+                let mine: Vec<&UsageEvent> = events.iter().filter(|e| e.tenant_id == key.tenant_id).collect();
+                prop_assert_eq!(t.requests, mine.len() as i64);
+                prop_assert_eq!(t.cached_tokens, mine.iter().map(|e| e.cached_tokens).sum::<i64>());
+            }
+        }
+
+        /// The duplicate/conflict rule: equal content is a duplicate, any
+        /// change to a counted field is a conflict.
+        #[test]
+        fn any_changed_field_is_a_conflict(delta in 1i64..1000, field in 0usize..4) {
+            let a = event("t", 5, 100, FinishReason::Stop);
+            let mut b = a.clone();
+            match field {
+                0 => b.completion_tokens += delta,
+                1 => b.prompt_tokens += delta,
+                2 => b.gpu_seconds += Decimal::new(delta, 6),
+                _ => b.tenant_id = format!("t{delta}"),
+            }
+            prop_assert_eq!(compare(&a.content_hash(), &a.clone().content_hash()), Verdict::Duplicate);
+            prop_assert_eq!(compare(&a.content_hash(), &b.content_hash()), Verdict::Conflict);
+        }
+    }
 }

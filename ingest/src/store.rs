@@ -11,7 +11,7 @@ use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use usage_contract::{UsageEvent, Violation};
 use uuid::Uuid;
 
-use crate::batch::{aggregate, compare, Candidate, Decoded, Rejected, Verdict};
+use crate::batch::{aggregate, compare, hour_of, Candidate, Decoded, Rejected, Verdict};
 use crate::offsets::{self, Cas, ConsumerKey};
 
 /// What a committed batch did.
@@ -111,6 +111,32 @@ pub async fn apply(
         ..
     } = decoded;
     let mut counts = Counts::default();
+    // Shared with every other ingest transaction; rollup takes it exclusively
+    // to close hours or drop partitions, so neither happens under a batch.
+    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+        .bind(schema::USAGE_LOCK)
+        .execute(&mut **tx)
+        .await?;
+
+    // Requests from dropped days can't be deduplicated any more: keep them
+    // aside rather than risk counting a re-send twice.
+    let dropped: Option<(NaiveDate,)> =
+        sqlx::query_as("SELECT dropped_through FROM request_log_retention")
+            .fetch_optional(&mut **tx)
+            .await?;
+    let (firsts, repeats) = match dropped {
+        None => (firsts, repeats),
+        Some((through,)) => {
+            let expired = |c: &Candidate| c.event.request_id.day() <= through;
+            let (old, firsts): (Vec<_>, Vec<_>) = firsts.into_iter().partition(expired);
+            let (old_repeats, repeats): (Vec<_>, Vec<_>) = repeats.into_iter().partition(expired);
+            for c in old.into_iter().chain(old_repeats) {
+                let day = c.event.request_id.day();
+                rejected.push(reject(c, Violation::BeyondRetention(day), None));
+            }
+            (firsts, repeats)
+        }
+    };
 
     // Unknown tenants are dead letters, decided against the table itself.
     let tenants: Vec<&str> = firsts.iter().map(|c| c.event.tenant_id.as_str()).collect();
@@ -156,7 +182,7 @@ pub async fn apply(
         };
         match compare(hash, &c.hash) {
             Verdict::Duplicate => counts.duplicates += 1,
-            Verdict::Conflict | Verdict::Inserted => {
+            Verdict::Conflict => {
                 counts.conflicts += 1;
                 rejected.push(reject(c, Violation::Conflict, Some(version.clone())));
             }
@@ -164,6 +190,7 @@ pub async fn apply(
     }
 
     upsert_hourly(tx, counted.iter().map(|c| &c.event)).await?;
+    mark_late_hours(tx, counted.iter().map(|c| &c.event)).await?;
     counts.dead_lettered = insert_dead_letters(tx, &rejected).await?;
     Ok(counts)
 }
@@ -419,6 +446,33 @@ pub async fn upsert_hourly<'a>(
     .bind(preempted)
     .bind(cancelled)
     .bind(errored)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Marks closed hours that just received usage as adjusted, so billing can
+/// tell a closed hour changed.
+async fn mark_late_hours<'a>(
+    conn: &mut PgConnection,
+    events: impl IntoIterator<Item = &'a UsageEvent>,
+) -> Result<(), sqlx::Error> {
+    let mut per_hour: BTreeMap<DateTime<Utc>, i64> = BTreeMap::new();
+    for e in events {
+        *per_hour.entry(hour_of(e)).or_default() += 1;
+    }
+    if per_hour.is_empty() {
+        return Ok(());
+    }
+    let (hours, counts): (Vec<_>, Vec<_>) = per_hour.into_iter().unzip();
+    sqlx::query(
+        "UPDATE usage_hours h SET adjusted = true, late_requests = h.late_requests + x.n,
+             last_adjusted_at = now()
+         FROM UNNEST($1::timestamptz[], $2::bigint[]) AS x(hour, n)
+         WHERE h.hour = x.hour",
+    )
+    .bind(hours)
+    .bind(counts)
     .execute(conn)
     .await?;
     Ok(())

@@ -1,8 +1,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use clap::{Parser, Subcommand};
+use rollup::{hours, reconcile, retention, service};
 
 /// Meterline rollup: stored usage over time.
 #[derive(Parser)]
@@ -15,12 +16,27 @@ struct Cli {
         default_value = "postgres://postgres@127.0.0.1:5432/meterline"
     )]
     database_url: String,
+    /// How long after an hour's end (by the watermark) it stays open for late events.
+    #[arg(long, env = "ROLLUP_LATENESS_MINUTES", default_value_t = 10)]
+    lateness_minutes: u32,
+    /// Days of request_log kept; older day partitions are dropped.
+    #[arg(long, env = "ROLLUP_KEEP_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    keep_days: u32,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Close hours and apply retention on a schedule, until Ctrl-C.
+    Run {
+        #[arg(long, default_value_t = 30)]
+        tick_seconds: u64,
+    },
+    /// Close every hour the watermark has passed, once.
+    CloseHours,
+    /// Drop request_log day partitions older than --keep-days, once.
+    Retention,
     /// Compare request_log with usage_hourly for [from, to); exit 1 listing
     /// every difference if they disagree.
     Reconcile {
@@ -40,20 +56,40 @@ async fn main() -> anyhow::Result<ExitCode> {
         .init();
     let cli = Cli::parse();
     let pool = schema::connect(&cli.database_url, 2, Duration::from_secs(30)).await?;
+    let lateness = TimeDelta::minutes(i64::from(cli.lateness_minutes));
     match cli.command {
+        Command::Run { tick_seconds } => {
+            let schedule = service::Schedule {
+                tick: Duration::from_secs(tick_seconds.max(1)),
+                lateness,
+                keep_days: cli.keep_days,
+            };
+            service::run(pool, schedule, async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await;
+        }
+        Command::CloseHours => {
+            let report = hours::close(&pool, lateness).await?;
+            tracing::info!(report = %serde_json::to_string(&report)?, "hours closed");
+        }
+        Command::Retention => {
+            let days =
+                retention::drop_expired(&pool, Utc::now().date_naive(), cli.keep_days).await?;
+            tracing::info!(?days, "retention applied");
+        }
         Command::Reconcile { from, to } => {
             anyhow::ensure!(to > from, "--to must be after --from");
-            let diffs = rollup::reconcile::reconcile(&pool, from, to).await?;
+            let diffs = reconcile::reconcile(&pool, from, to).await?;
             for d in &diffs {
                 tracing::error!(difference = %serde_json::to_string(d)?, "request_log and usage_hourly disagree");
             }
-            if diffs.is_empty() {
-                tracing::info!(%from, %to, "request_log and usage_hourly agree");
-                Ok(ExitCode::SUCCESS)
-            } else {
+            if !diffs.is_empty() {
                 tracing::error!(count = diffs.len(), "reconciliation failed");
-                Ok(ExitCode::FAILURE)
+                return Ok(ExitCode::FAILURE);
             }
+            tracing::info!(%from, %to, "request_log and usage_hourly agree");
         }
     }
+    Ok(ExitCode::SUCCESS)
 }

@@ -11,6 +11,11 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
+/// The advisory lock that ingest transactions hold shared and rollup holds
+/// exclusively while it closes hours or drops request_log partitions, so
+/// neither happens in the middle of a batch.
+pub const USAGE_LOCK: i64 = 0x6d65_7465_726c;
+
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 #[derive(Debug, thiserror::Error)]

@@ -24,23 +24,32 @@ fn base_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/meterline".into())
 }
 
+fn unique_suffix() -> String {
+    let s = uuid::Uuid::now_v7().simple().to_string();
+    s[s.len() - 10..].to_owned()
+}
+
+/// A new, migrated database `mt_<name>_<random>`: its URL and a pool.
+pub async fn fresh_database(name: &str) -> (String, PgPool) {
+    let db = format!("mt_{name}_{}", unique_suffix());
+    let base: PgConnectOptions = base_url().parse().expect("DATABASE_URL");
+    let mut admin = base.clone().database("postgres").connect().await.expect(
+        "cannot reach Postgres: start the stack with scripts/stack.sh up or set DATABASE_URL",
+    );
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&mut admin)
+        .await
+        .expect("create test database");
+    let database_url = base.database(&db).to_url_lossy().to_string();
+    let pool = schema_pool(&database_url).await;
+    (database_url, pool)
+}
+
 impl TestStack {
-    /// Creates database `mt_<name>_<random>` (migrated) and a 4-partition topic.
+    /// Creates a fresh database (see [`fresh_database`]) and a 4-partition topic.
     pub async fn new(name: &str) -> Self {
-        let suffix = uuid::Uuid::now_v7().simple().to_string();
-        let suffix = &suffix[suffix.len() - 10..];
-        let db = format!("mt_{name}_{suffix}");
-        let base: PgConnectOptions = base_url().parse().expect("DATABASE_URL");
-        let mut admin = base.clone().database("postgres").connect().await.expect(
-            "cannot reach Postgres: start the stack with scripts/stack.sh up or set DATABASE_URL",
-        );
-        sqlx::query(&format!("CREATE DATABASE {db}"))
-            .execute(&mut admin)
-            .await
-            .expect("create test database");
-        let opts = base.database(&db);
-        let database_url = opts.to_url_lossy().to_string();
-        let pool = schema_pool(&database_url).await;
+        let suffix = unique_suffix();
+        let (database_url, pool) = fresh_database(name).await;
         let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
         let topic = format!("usage.events.v1.{name}.{suffix}");
         create_topic(&brokers, &topic, 4).await;

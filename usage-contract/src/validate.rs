@@ -52,6 +52,8 @@ pub enum Violation {
     UnknownTenant(String),
     #[error("request_id already stored with different content")]
     Conflict,
+    #[error("request from {0}, a day whose request_log partition was dropped; it can no longer be told from a re-send")]
+    BeyondRetention(chrono::NaiveDate),
 }
 
 impl Violation {
@@ -73,6 +75,7 @@ impl Violation {
             Self::BadPriority(_) => "bad_priority",
             Self::UnknownTenant(_) => "unknown_tenant",
             Self::Conflict => "conflict",
+            Self::BeyondRetention(_) => "beyond_retention",
         }
     }
 }
