@@ -62,6 +62,7 @@ impl GatewayConfig {
         if self.kafka_brokers.trim().is_empty() {
             return Err(GatewayError::Config("KAFKA_BROKERS is empty".into()));
         }
+        schema::parse_url(&self.database_url)?;
         if let Some(parent) = self.outbox.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| {
                 GatewayError::Config(format!("GATEWAY_OUTBOX {}: {e}", self.outbox.display()))

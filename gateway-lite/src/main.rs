@@ -10,7 +10,18 @@ struct Cli {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(code) => code,
+        Err(e) => {
+            // One line that says what is wrong, not a stack trace.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<std::process::ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -19,7 +30,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     gateway_lite::service::run(cli.config, shutdown_signal()).await?;
-    Ok(())
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 async fn shutdown_signal() {

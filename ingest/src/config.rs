@@ -59,9 +59,7 @@ impl IngestConfig {
                 "INGEST_TOPIC and INGEST_GROUP must not be empty".into(),
             ));
         }
-        self.database_url
-            .parse::<sqlx::postgres::PgConnectOptions>()
-            .map_err(|e| IngestError::Config(format!("DATABASE_URL is not a Postgres URL: {e}")))?;
+        schema::parse_url(&self.database_url)?;
         Ok(())
     }
 

@@ -22,10 +22,21 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 pub enum SchemaError {
     #[error("DATABASE_URL is not a Postgres URL: {0}")]
     BadUrl(sqlx::Error),
+    #[error("DATABASE_URL must start with postgres:// or postgresql://")]
+    BadScheme,
     #[error("postgres did not answer within {0:?}: {1}")]
     Unreachable(Duration, sqlx::Error),
     #[error("applying migrations failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// Parses a Postgres URL, refusing other schemes (sqlx alone would accept
+/// `mysql://…` and then retry a connection that can never work).
+pub fn parse_url(url: &str) -> Result<PgConnectOptions, SchemaError> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(SchemaError::BadScheme);
+    }
+    url.parse().map_err(SchemaError::BadUrl)
 }
 
 /// Connects (retrying for up to `wait`) and applies the migrations.
@@ -34,7 +45,7 @@ pub async fn connect(
     max_connections: u32,
     wait: Duration,
 ) -> Result<PgPool, SchemaError> {
-    let options: PgConnectOptions = url.parse().map_err(SchemaError::BadUrl)?;
+    let options = parse_url(url)?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut backoff = Duration::from_millis(100);
     let pool = loop {

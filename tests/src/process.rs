@@ -98,6 +98,19 @@ impl Service {
         }
     }
 
+    /// Starts again (after a kill) with some settings changed.
+    pub fn restart_with(&mut self, changes: &[(&str, &str)]) {
+        for (k, v) in changes {
+            self.env.insert((*k).to_owned(), (*v).to_owned());
+        }
+        self.restart();
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
     /// Starts the same command again (after a kill).
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "{} is still running", self.name);
