@@ -17,6 +17,8 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 /// seq → (enqueued at, unix ms) ++ event JSON.
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("usage_events");
+/// Events waiting in the outbox, kept current by every append and delete.
+pub const DEPTH_GAUGE: &str = "gateway_outbox_depth";
 /// The most a writer commit takes at once.
 const MAX_GROUP: usize = 4096;
 
@@ -92,6 +94,7 @@ impl Outbox {
             depth: depth.clone(),
         };
         depth.store(outbox.len()?, Ordering::Relaxed);
+        metrics::gauge!(DEPTH_GAUGE).set(outbox.depth() as f64);
         std::thread::Builder::new()
             .name("outbox-writer".into())
             .spawn(move || writer(db, rx, next_seq, committed, depth))
@@ -140,7 +143,8 @@ impl Outbox {
             }
         }
         tx.commit()?;
-        self.depth.fetch_sub(seqs.len() as u64, Ordering::Relaxed);
+        let before = self.depth.fetch_sub(seqs.len() as u64, Ordering::Relaxed);
+        metrics::gauge!(DEPTH_GAUGE).set(before.saturating_sub(seqs.len() as u64) as f64);
         Ok(())
     }
 
@@ -206,7 +210,9 @@ fn writer(
         let ok = result.is_ok();
         if ok {
             next_seq += group.len() as u64;
-            depth.fetch_add(group.len() as u64, Ordering::Relaxed);
+            let now_depth =
+                depth.fetch_add(group.len() as u64, Ordering::Relaxed) + group.len() as u64;
+            metrics::gauge!(DEPTH_GAUGE).set(now_depth as f64);
         }
         for a in group.drain(..) {
             let _ = a.done.send(match &result {

@@ -38,7 +38,6 @@ pub async fn run(
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        report_depth(&outbox);
         let entries = match outbox.peek(ROUND) {
             Ok(e) => e,
             Err(e) => {
@@ -108,8 +107,8 @@ pub async fn run(
     }
 }
 
-fn report_depth(outbox: &Outbox) {
-    gauge!("gateway_outbox_depth").set(outbox.depth() as f64);
+/// Publishes the age of the oldest waiting event (also while a publish is stuck).
+pub fn report_age(outbox: &Outbox) {
     let age = outbox
         .peek(1)
         .ok()

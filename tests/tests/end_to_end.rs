@@ -138,7 +138,7 @@ async fn hourly(stack: &TestStack) -> Told {
         .collect()
 }
 
-async fn wait_for(stack: &TestStack, expected: &Told, running: &Running) {
+async fn wait_for(stack: &TestStack, expected: &Told, gateway: &Service, ingest: &Service) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     loop {
         let got = hourly(stack).await;
@@ -148,8 +148,8 @@ async fn wait_for(stack: &TestStack, expected: &Told, running: &Running) {
         if tokio::time::Instant::now() > deadline {
             panic!(
                 "usage_hourly never matched.\nexpected {expected:?}\ngot      {got:?}\n--- gateway\n{}\n--- ingest\n{}",
-                running.gateway.log_tail(),
-                running.ingest.log_tail()
+                gateway.log_tail(),
+                ingest.log_tail()
             );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -162,7 +162,7 @@ async fn tokens_clients_were_told_are_exactly_what_is_billed() {
     let running = start_all(&stack).await;
     let client = reqwest::Client::new();
     let (told, ids) = send_requests(&client, &running.gateway_url, 8).await;
-    wait_for(&stack, &told, &running).await;
+    wait_for(&stack, &told, &running.gateway, &running.ingest).await;
 
     // Each answered request is in request_log exactly once, under its X-Request-Id.
     let uuids: Vec<uuid::Uuid> = ids
@@ -286,7 +286,7 @@ async fn bad_requests_get_openai_errors_and_are_not_billed() {
             v["usage"]["completion_tokens"].as_i64().unwrap(),
         ),
     );
-    wait_for(&stack, &expected, &running).await;
+    wait_for(&stack, &expected, &running.gateway, &running.ingest).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -352,4 +352,61 @@ async fn team_lead_cannot_see_other_tenant() {
         "each read of usage is audited, refusals are not reads"
     );
     drop(running.gateway);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_sigkill_loses_no_answered_event() {
+    let stack = TestStack::new("gwkill").await;
+    let tenants_file = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tenants.yaml");
+    let port = free_port();
+    let mut env = stack.env();
+    env.insert("GATEWAY_ADDR".into(), format!("127.0.0.1:{port}"));
+    env.insert(
+        "GATEWAY_OUTBOX".into(),
+        stack.dir.path().join("outbox.redb").display().to_string(),
+    );
+    env.insert("GATEWAY_TENANTS_FILE".into(), tenants_file.into());
+    env.insert("ENGINE_SPEEDUP".into(), "0".into());
+    // The broker is unreachable at first: every answered request's event can
+    // only be in the outbox when the gateway is killed.
+    env.insert("KAFKA_BROKERS".into(), format!("127.0.0.1:{}", free_port()));
+    let mut gateway = Service::start("gateway", "gateway-lite", &[], env, stack.dir.path());
+    let url = format!("http://127.0.0.1:{port}");
+    wait_healthy(
+        &format!("{url}/healthz"),
+        &mut gateway,
+        Duration::from_secs(60),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let (told, _) = send_requests(&client, &url, 4).await;
+    let metrics = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l == "gateway_outbox_depth 20"),
+        "all 20 events wait in the outbox:\n{metrics}"
+    );
+    gateway.kill9().await;
+
+    gateway.restart_with(&[("KAFKA_BROKERS", &stack.brokers)]);
+    wait_healthy(
+        &format!("{url}/healthz"),
+        &mut gateway,
+        Duration::from_secs(60),
+    )
+    .await;
+    let mut ingest_env = stack.env();
+    ingest_env.insert(
+        "INGEST_METRICS_ADDR".into(),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    ingest_env.insert("INGEST_LINGER_MS".into(), "50".into());
+    let ingest = Service::start("ingest", "ingest", &[], ingest_env, stack.dir.path());
+    wait_for(&stack, &told, &gateway, &ingest).await;
 }
