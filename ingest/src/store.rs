@@ -492,7 +492,11 @@ async fn insert_dead_letters(
     let offset: Vec<i64> = rejected.iter().map(|r| r.offset).collect();
     let raw: Vec<&[u8]> = rejected.iter().map(|r| r.raw.as_slice()).collect();
     let code: Vec<&str> = rejected.iter().map(|r| r.violation.code()).collect();
-    let reason: Vec<String> = rejected.iter().map(|r| r.violation.to_string()).collect();
+    // Postgres text can't hold NUL, and a reason may quote the bad input.
+    let reason: Vec<String> = rejected
+        .iter()
+        .map(|r| r.violation.to_string().replace('\0', "\u{fffd}"))
+        .collect();
     let request_id: Vec<Option<Uuid>> = rejected.iter().map(|r| r.request_id).collect();
     let tenant: Vec<Option<&str>> = rejected.iter().map(|r| r.tenant_id.as_deref()).collect();
     let stored: Vec<Option<&serde_json::Value>> =

@@ -268,3 +268,51 @@ async fn dead_letters_are_redriven_exactly_once_after_the_fix() {
         .unwrap_or("")
         .starts_with("still rejected"));
 }
+
+#[tokio::test]
+async fn poison_bytes_are_dead_lettered_without_failing_the_batch() {
+    let (_, pool) = tests::stack::fresh_database("poison").await;
+    sqlx::query(
+        "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
+         VALUES ('acme-corp', 'Acme', 'standard', 3, 'per_token')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let good = event("acme-corp", 1);
+    let mut nul_tenant = serde_json::to_value(event("acme-corp", 2)).unwrap();
+    nul_tenant["tenant_id"] = "acme\u{0}corp".into();
+    let mut nul_reason = serde_json::to_value(event("acme-corp", 3)).unwrap();
+    nul_reason["finish_reason"] = "st\u{0}op".into();
+    let payloads = [
+        good.to_json(),
+        serde_json::to_vec(&nul_tenant).unwrap(),
+        serde_json::to_vec(&nul_reason).unwrap(),
+        vec![0u8, 0, 0],
+    ];
+    let msgs: Vec<ingest::batch::RawMessage> = payloads
+        .iter()
+        .enumerate()
+        .map(|(i, p)| ingest::batch::RawMessage {
+            partition: 0,
+            offset: i as i64,
+            payload: p.clone(),
+        })
+        .collect();
+    let decoded = ingest::batch::split(&msgs, Utc::now());
+    ingest::store::Partitions::default()
+        .ensure(&pool, decoded.firsts.iter().map(|c| &c.event))
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let counts = ingest::store::apply(&mut tx, decoded).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!((counts.inserted, counts.dead_lettered), (1, 3));
+    let codes: Vec<(String,)> =
+        sqlx::query_as("SELECT reason_code FROM dead_letters ORDER BY kafka_offset")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let codes: Vec<String> = codes.into_iter().map(|(c,)| c).collect();
+    assert_eq!(codes, ["bad_identifier", "invalid_field", "undecodable"]);
+}

@@ -44,7 +44,7 @@ pub enum Violation {
     FirstTokenOutOfRange { first: String },
     #[error("{field} ({at}) is more than a day in the future")]
     InFuture { field: &'static str, at: String },
-    #[error("{field} is empty or longer than {MAX_ID_LEN} bytes")]
+    #[error("{field} is empty, longer than {MAX_ID_LEN} bytes, or holds control characters")]
     BadIdentifier { field: &'static str },
     #[error("priority {0} is outside 1..=5")]
     BadPriority(i16),
@@ -95,7 +95,7 @@ impl UsageEvent {
             ("replica_id", &self.replica_id),
             ("gateway_id", &self.gateway_id),
         ] {
-            if value.is_empty() || value.len() > MAX_ID_LEN {
+            if value.is_empty() || value.len() > MAX_ID_LEN || value.chars().any(char::is_control) {
                 return Err(Violation::BadIdentifier { field });
             }
         }

@@ -220,8 +220,15 @@ fn priority_out_of_range() {
 }
 
 #[test]
-fn empty_identifier() {
+fn empty_identifier_or_one_with_control_characters() {
     assert_eq!(code_of(with("tenant_id", json!(""))), "bad_identifier");
+    // Postgres text cannot hold NUL: such an event must be rejected here, not
+    // fail the whole batch's transaction.
+    assert_eq!(
+        code_of(with("tenant_id", json!("acme\u{0}corp"))),
+        "bad_identifier"
+    );
+    assert_eq!(code_of(with("model", json!("m\n"))), "bad_identifier");
 }
 
 #[test]

@@ -1,0 +1,629 @@
+//! `ingest-bench`: how fast ingest moves usage events from Kafka into
+//! Postgres, next to the two ceilings it cannot beat on this machine, and how
+//! soon an event is visible. Run it with `scripts/bench-ingest.sh [flags]`.
+//!
+//! One run, on a fresh database `bench_<random>` and a fresh 4-partition
+//! topic `bench.<random>`:
+//! 1. N events (the five reference tenants) produced with an idempotent,
+//!    acks=all producer (the produce rate is informational);
+//! 2. ceiling (a): a plain consumer reads (and copies) all N from the broker;
+//! 3. ceiling (b): one COPY of the same N rows into `request_log_raw`, a plain
+//!    copy of request_log without indexes or partitions (row formatting included);
+//! 4. the real `ingest` binary as a process, from its start until its offsets
+//!    in Postgres cover all N, with its peak RSS, its CPU time and its commit
+//!    times (from `/metrics`); then request_log and usage_hourly are checked;
+//! 5. freshness: M more events at a fixed rate into the same running ingest,
+//!    produce → visible in request_log, as percentiles.
+
+#![allow(clippy::print_stdout, reason = "a benchmark prints its report")]
+
+use std::fmt::Write as _;
+use std::io::{Read, Write as _};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
+use clap::Parser;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rust_decimal::Decimal;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, PgPool};
+use usage_contract::{FinishReason, RequestId, UsageEvent};
+
+const PARTITIONS: i32 = 4;
+const TENANTS: [(&str, &str, i16); 5] = [
+    ("acme-corp", "Acme Corp", 5),
+    ("medai-labs", "MedAI Labs", 4),
+    ("finserv-team", "FinServ team", 3),
+    ("research-squad", "Research squad", 2),
+    ("codegen-platform", "Codegen platform", 1),
+];
+const MODELS: [&str; 2] = ["llama-3.1-8b", "llama-3.1-70b"];
+const FINISH: [FinishReason; 4] = [
+    FinishReason::Stop,
+    FinishReason::Length,
+    FinishReason::Cancelled,
+    FinishReason::Error,
+];
+const COPY: &str = "COPY request_log_raw (request_id, tenant_id, api_key_id, model, \
+    model_version, priority, started_at, first_token_at, finished_at, prompt_tokens, \
+    cached_tokens, completion_tokens, gpu_seconds, preempted_gpu_seconds, finish_reason, ttft_ms, \
+    tpot_ms, replica_id, gateway_id, stream, content_hash, kafka_partition, kafka_offset) \
+    FROM STDIN";
+
+/// Ingest throughput against the broker-read and COPY ceilings, and freshness.
+#[derive(Parser)]
+struct Args {
+    /// Events produced and ingested in bulk.
+    #[arg(long, default_value_t = 200_000)]
+    events: usize,
+    /// Events produced at `--rate` afterwards, for produce → visible latency.
+    #[arg(long, default_value_t = 20_000)]
+    fresh_events: usize,
+    /// Events per second during the freshness phase.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
+    rate: u32,
+    /// Passed to ingest as INGEST_MAX_BATCH (default: what ingest would use).
+    #[arg(long)]
+    max_batch: Option<usize>,
+    /// Passed to ingest as INGEST_LINGER_MS (default: what ingest would use).
+    #[arg(long)]
+    linger_ms: Option<u64>,
+    /// Keep the bench database afterwards.
+    #[arg(long)]
+    keep: bool,
+    /// The server to create the bench database on (its database name is not used).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    database_url: String,
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    kafka_brokers: String,
+}
+
+/// Ingest's own settings as it would read them from this environment.
+#[derive(Parser)]
+struct IngestSettings {
+    #[command(flatten)]
+    config: ingest::IngestConfig,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let mut rng = StdRng::from_os_rng();
+    let suffix = format!("{:08x}", rng.random::<u32>());
+    let base: PgConnectOptions = args.database_url.parse().context("DATABASE_URL")?;
+    let db = format!("bench_{suffix}");
+    let mut admin = base.clone().database("postgres").connect().await?;
+    sqlx::query(&format!("CREATE DATABASE {db}"))
+        .execute(&mut admin)
+        .await?;
+    let url = base.database(&db).to_url_lossy().to_string();
+    let result = bench(&args, &url, &suffix, &mut rng).await;
+    if args.keep {
+        println!("kept database {db}");
+    } else {
+        let drop = format!("DROP DATABASE {db} WITH (FORCE)");
+        sqlx::query(&drop).execute(&mut admin).await?;
+    }
+    result
+}
+
+async fn bench(args: &Args, url: &str, suffix: &str, rng: &mut StdRng) -> Result<()> {
+    let n = args.events;
+    let ingest_config = IngestSettings::try_parse_from(["ingest"])?.config;
+    let max_batch = args.max_batch.unwrap_or(ingest_config.max_batch);
+    let linger_ms = args.linger_ms.unwrap_or(ingest_config.linger_ms);
+    let pool = schema::connect(url, 4, Duration::from_secs(10)).await?;
+    for (tenant, name, priority) in TENANTS {
+        sqlx::query(
+            "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
+             VALUES ($1, $2, 'standard', $3, 'per_token')",
+        )
+        .bind(tenant)
+        .bind(name)
+        .bind(priority)
+        .execute(&pool)
+        .await?;
+    }
+    let topic = format!("bench.{suffix}");
+    create_topic(&args.kafka_brokers, &topic).await?;
+    let now_ms = Utc::now().timestamp_millis();
+    let mut events = Vec::with_capacity(n);
+    for i in 0..n {
+        let ago = rng.random_range(60_000..4 * 3_600_000);
+        events.push(event(rng, i, millis(now_ms - ago)?));
+    }
+    let hashes: Vec<[u8; 32]> = events.iter().map(UsageEvent::content_hash).collect();
+
+    println!("producing {n} events to {topic}");
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &args.kafka_brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set(
+            "linger.ms",
+            std::env::var("EXP_LINGER").unwrap_or("5".into()),
+        )
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let started = Instant::now();
+    let mut acks = Vec::with_capacity(n);
+    for e in &events {
+        acks.push(send(&producer, &topic, &e.tenant_id, &e.to_json()).await?);
+    }
+    for ack in acks {
+        ack.await
+            .context("delivery cancelled")?
+            .map_err(|(e, _)| e)?;
+    }
+    let produce = started.elapsed();
+    println!("ceiling (a): reading them back from the broker");
+    let read = broker_read(&args.kafka_brokers, &topic, n)?;
+    println!("ceiling (b): COPY into request_log_raw");
+    let copy = copy_raw(&pool, &events, &hashes).await?;
+    drop((events, hashes));
+
+    println!("ingest: max_batch {max_batch}, linger {linger_ms} ms");
+    let group = format!("bench-{suffix}");
+    let batch = (max_batch, linger_ms);
+    let mut ingest = Ingest::start(args, batch, url, &topic, &group, suffix)?;
+    let bulk = wait_ingested(&pool, &mut ingest, &group, n).await?;
+    let metrics = ingest.scrape().unwrap_or_default();
+    let (rows, requests, dead): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM request_log),
+                (SELECT coalesce(sum(requests), 0)::bigint FROM usage_hourly),
+                (SELECT count(*) FROM dead_letters)",
+    )
+    .fetch_one(&pool)
+    .await?;
+    let correct = rows == n as i64 && requests == n as i64 && dead == 0;
+    println!("freshness: {} events at {}/s", args.fresh_events, args.rate);
+    println!("bench cpu {:?}", cpu_seconds(std::process::id()));
+    let fresh = freshness(args, &producer, &topic, &pool, &mut ingest, rng).await;
+    let hwm = proc_kib(ingest.pid, "VmHWM:").unwrap_or(0);
+    ingest.stop().await;
+    let mut fresh = fresh?;
+    println!("bench cpu {:?}", cpu_seconds(std::process::id()));
+    fresh.sort_by(f64::total_cmp);
+
+    // The report. Ratios use ingest's rate from its first commit on.
+    let secs = |d: Duration| d.as_secs_f64();
+    let (read_s, copy_s, total_s) = (secs(read), secs(copy), secs(bulk.total));
+    let steady_s = secs(bulk.total - bulk.first);
+    let rate = |s: f64| n as f64 / s;
+    let (read_r, copy_r, total_r) = (rate(read_s), rate(copy_s), rate(total_s));
+    let steady_r = (n as i64 - bulk.at_first) as f64 / steady_s;
+    let (vs_read, vs_copy) = (steady_r / read_r, steady_r / copy_r);
+    let (produce_r, first_s, at_first) = (rate(secs(produce)), secs(bulk.first), bulk.at_first);
+    let (rss, hwm) = (bulk.max_rss_kib as f64 / 1024.0, hwm as f64 / 1024.0);
+    let (cpu, cpu_pct) = (bulk.cpu_s, 100.0 * bulk.cpu_s / total_s);
+    let m = |name: &str| metric(&metrics, name);
+    let (batches, commit_s) = (
+        m("ingest_commit_seconds_count"),
+        m("ingest_commit_seconds_sum"),
+    );
+    let (mean_batch, commit_pct) = (
+        m("ingest_batch_size_sum") / batches,
+        100.0 * commit_s / steady_s,
+    );
+    let commit_mean = 1000.0 * commit_s / batches;
+    let commit_p50 = 1000.0 * m("ingest_commit_seconds{quantile=\"0.5\"}");
+    let commit_p99 = 1000.0 * m("ingest_commit_seconds{quantile=\"0.99\"}");
+    let ok = if correct { "yes" } else { "NO" };
+    let pct = |q: f64| {
+        let i = ((fresh.len().max(1) - 1) as f64 * q).round() as usize;
+        fresh.get(i).copied().unwrap_or(f64::NAN)
+    };
+    let (p50, p99, max, fresh_n, per_s) = (pct(0.5), pct(0.99), pct(1.0), fresh.len(), args.rate);
+    let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
+    println!(
+        r#"
+== ingest benchmark: {n} events, {PARTITIONS} partitions, {cores} cores (nproc)
+   ingest settings: INGEST_MAX_BATCH={max_batch}, INGEST_LINGER_MS={linger_ms}
+   produce (idempotent, acks=all, lz4, linger 5 ms): {produce_r:.0} events/s (informational)
+
+                                            seconds    events/s   ingest/this
+   (a) broker read ceiling                {read_s:>9.2} {read_r:>11.0} {vs_read:>13.2}
+   (b) raw COPY ceiling, no indexes       {copy_s:>9.2} {copy_r:>11.0} {vs_copy:>13.2}
+   ingest, process start -> all committed {total_s:>9.2} {total_r:>11.0}
+   ingest, first commit -> all committed  {steady_s:>9.2} {steady_r:>11.0}
+   (first commit {first_s:.2} s after start, covering {at_first} events; ingest/this uses
+    the first-commit rate)
+
+   ingest RSS: max {rss:.1} MiB sampled while ingesting; VmHWM {hwm:.1} MiB at the end
+   ingest CPU: {cpu:.2} s user+sys until all committed ({cpu_pct:.0}% of one core)
+   postgres commits: {batches:.0} batches of {mean_batch:.0} messages on average, {commit_s:.2} s
+     in total ({commit_pct:.0}% of the first-commit span); per batch mean {commit_mean:.1} ms,
+     p50 {commit_p50:.1} ms, p99 {commit_p99:.1} ms
+   correct: {ok} (request_log {rows} rows, usage_hourly {requests} requests, {dead} dead
+     letters; expected {n}, {n}, 0)
+
+   freshness, {fresh_n} events at {per_s}/s, produce -> visible in request_log:
+     p50 {p50:.0} ms, p99 {p99:.0} ms, max {max:.0} ms
+   (an order-based approximation across the {PARTITIONS} partitions: event i counts as visible
+    at the first ~10 ms poll where request_log holds i+1 of the new events)"#
+    );
+    ensure!(correct, "ingest's result is wrong (see above)");
+    Ok(())
+}
+
+fn millis(ms: i64) -> Result<DateTime<Utc>> {
+    DateTime::from_timestamp_millis(ms).context("time out of range")
+}
+
+/// A valid v1 event of tenant `i % 5`, like the fault drill's.
+fn event(rng: &mut StdRng, i: usize, started_at: DateTime<Utc>) -> UsageEvent {
+    let (tenant, _, priority) = TENANTS[i % TENANTS.len()];
+    let prompt = rng.random_range(1..8_000);
+    UsageEvent {
+        schema_version: 1,
+        request_id: RequestId::at(started_at),
+        tenant_id: tenant.into(),
+        api_key_id: format!("key_{tenant}"),
+        model: MODELS[i % 2].into(),
+        model_version: "2026.10".into(),
+        priority,
+        started_at,
+        first_token_at: None,
+        finished_at: started_at + TimeDelta::milliseconds(rng.random_range(50..20_000)),
+        prompt_tokens: prompt,
+        cached_tokens: rng.random_range(0..=prompt),
+        completion_tokens: rng.random_range(0..2_000),
+        gpu_seconds: Decimal::new(rng.random_range(1..50_000_000), 6),
+        preempted_gpu_seconds: Decimal::new(rng.random_range(0..1_000), 6),
+        finish_reason: FINISH[rng.random_range(0..4)],
+        ttft_ms: Some(120),
+        tpot_ms: Some(8),
+        replica_id: "r0".into(),
+        gateway_id: "gw-bench".into(),
+        stream: false,
+    }
+}
+
+async fn create_topic(brokers: &str, topic: &str) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let new = NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1));
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for result in admin.create_topics(&[new], &options).await? {
+        result.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Queues one message (waiting while librdkafka's queue is full).
+async fn send(p: &FutureProducer, topic: &str, key: &str, body: &[u8]) -> Result<DeliveryFuture> {
+    loop {
+        match p.send_result(FutureRecord::to(topic).key(key).payload(body)) {
+            Ok(ack) => return Ok(ack),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err((e, _)) => return Err(e.into()),
+        }
+    }
+}
+
+/// Ceiling (a): all N messages read from the broker and copied, as ingest does.
+fn broker_read(brokers: &str, topic: &str, n: usize) -> Result<Duration> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "ingest-bench-read")
+        .set("enable.auto.commit", "false")
+        .set("fetch.max.bytes", "67108864")
+        .set("max.partition.fetch.bytes", "16777216")
+        .set("fetch.wait.max.ms", "50")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    let started = Instant::now();
+    consumer.assign(&tpl)?;
+    let (mut read, mut chunk) = (0, Vec::with_capacity(1000));
+    while read < n {
+        let late = started.elapsed() > Duration::from_secs(600);
+        ensure!(!late, "broker read: only {read} of {n} in 10 minutes");
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            chunk.push(m?.payload().map(<[u8]>::to_vec).unwrap_or_default());
+            read += 1;
+            if chunk.len() == 1000 {
+                std::hint::black_box(&mut chunk).clear();
+            }
+        }
+    }
+    Ok(started.elapsed())
+}
+
+/// Ceiling (b): the same rows in one COPY (text format, 10k rows per send).
+async fn copy_raw(pool: &PgPool, events: &[UsageEvent], hashes: &[[u8; 32]]) -> Result<Duration> {
+    let mut conn = pool.acquire().await?;
+    let create = "CREATE TABLE request_log_raw (LIKE request_log INCLUDING DEFAULTS)";
+    sqlx::query(create).execute(&mut *conn).await?;
+    let ts = |t: DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Millis, true);
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "\\N".into());
+    let started = Instant::now();
+    let mut copy = conn.copy_in_raw(COPY).await?;
+    let mut buf = String::with_capacity(4 << 20);
+    for (i, (e, hash)) in events.iter().zip(hashes).enumerate() {
+        let (id, start, end) = (e.request_id.as_uuid(), ts(e.started_at), ts(e.finished_at));
+        let first = opt(e.first_token_at.map(ts));
+        write!(
+            buf,
+            "{id}\t{}\t{}\t{}\t",
+            e.tenant_id, e.api_key_id, e.model
+        )?;
+        write!(
+            buf,
+            "{}\t{}\t{start}\t{first}\t{end}\t",
+            e.model_version, e.priority
+        )?;
+        write!(buf, "{}\t{}\t", e.prompt_tokens, e.cached_tokens)?;
+        write!(buf, "{}\t{}\t", e.completion_tokens, e.gpu_seconds)?;
+        write!(
+            buf,
+            "{}\t{}\t",
+            e.preempted_gpu_seconds,
+            e.finish_reason.as_str()
+        )?;
+        let (ttft, tpot) = (
+            opt(e.ttft_ms.map(|v| v.to_string())),
+            opt(e.tpot_ms.map(|v| v.to_string())),
+        );
+        write!(
+            buf,
+            "{ttft}\t{tpot}\t{}\t{}\t{}\t\\\\x",
+            e.replica_id, e.gateway_id, e.stream
+        )?;
+        for b in hash {
+            write!(buf, "{b:02x}")?;
+        }
+        writeln!(buf, "\t{}\t{i}", i as i32 % PARTITIONS)?;
+        if (i + 1) % 10_000 == 0 || i + 1 == events.len() {
+            copy.send(buf.as_bytes()).await?;
+            buf.clear();
+        }
+    }
+    let rows = copy.finish().await?;
+    let took = started.elapsed();
+    ensure!(rows == events.len() as u64, "COPY wrote {rows} rows");
+    sqlx::query("DROP TABLE request_log_raw")
+        .execute(&mut *conn)
+        .await?;
+    // Don't leave ingest to pay for the COPY's checkpoint.
+    let _ = sqlx::query("CHECKPOINT").execute(&mut *conn).await;
+    Ok(took)
+}
+
+/// The real ingest binary, next to this one, as a child process.
+struct Ingest {
+    child: tokio::process::Child,
+    pid: u32,
+    metrics_addr: std::net::SocketAddr,
+    log: PathBuf,
+    started: Instant,
+}
+
+impl Ingest {
+    fn start(
+        args: &Args,
+        (max_batch, linger_ms): (usize, u64),
+        url: &str,
+        topic: &str,
+        group: &str,
+        suffix: &str,
+    ) -> Result<Self> {
+        let bin = std::env::current_exe()?.with_file_name("ingest");
+        let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let log = std::env::temp_dir().join(format!("ingest-bench-{suffix}.log"));
+        let out = std::fs::File::create(&log)?;
+        let mut cmd = tokio::process::Command::new(&bin);
+        cmd.env("DATABASE_URL", url)
+            .env("KAFKA_BROKERS", &args.kafka_brokers)
+            .env("INGEST_TOPIC", topic)
+            .env("INGEST_GROUP", group)
+            .env("INGEST_METRICS_ADDR", metrics_addr.to_string())
+            .env("INGEST_MAX_BATCH", max_batch.to_string())
+            .env("INGEST_LINGER_MS", linger_ms.to_string())
+            .env("RUST_LOG", "info,rdkafka=warn")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .kill_on_drop(true);
+        let started = Instant::now();
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("start {}", bin.display()))?;
+        let pid = child.id().context("ingest has no pid")?;
+        Ok(Self {
+            child,
+            pid,
+            metrics_addr,
+            log,
+            started,
+        })
+    }
+
+    fn check_running(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "ingest exited with {status}; its log: {}",
+                self.log.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// `/metrics`, over a plain HTTP/1.1 request.
+    fn scrape(&self) -> Result<String> {
+        let mut s = std::net::TcpStream::connect(self.metrics_addr)?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        Ok(text)
+    }
+
+    /// SIGTERM (ingest commits what it holds), SIGKILL after 30 s.
+    async fn stop(mut self) {
+        let pid = self.pid.to_string();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        let exit = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+        if exit.is_err() {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// A `/proc/<pid>/status` field in KiB (`VmRSS:`, `VmHWM:`).
+fn proc_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = |l: &str| {
+        l.strip_prefix(field)?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()
+    };
+    status.lines().find_map(kib)
+}
+
+/// User + system CPU seconds of a process (Linux clock ticks are 1/100 s).
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    Some((ticks(11)? + ticks(12)?) / 100.0)
+}
+
+/// A sample's value from Prometheus text (`name` may include labels); NaN if absent.
+fn metric(text: &str, name: &str) -> f64 {
+    let value = |l: &str| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok();
+    text.lines().find_map(value).unwrap_or(f64::NAN)
+}
+
+struct Bulk {
+    total: Duration,
+    first: Duration,
+    at_first: i64,
+    max_rss_kib: u64,
+    cpu_s: f64,
+}
+
+/// Polls the group's offsets in Postgres every 50 ms until they cover all N.
+async fn wait_ingested(pool: &PgPool, ingest: &mut Ingest, group: &str, n: usize) -> Result<Bulk> {
+    let (mut first, mut max_rss_kib) = (None, 0);
+    loop {
+        ingest.check_running()?;
+        max_rss_kib = max_rss_kib.max(proc_kib(ingest.pid, "VmRSS:").unwrap_or(0));
+        let (done,): (i64,) = sqlx::query_as(
+            "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets
+             WHERE consumer_group = $1",
+        )
+        .bind(group)
+        .fetch_one(pool)
+        .await?;
+        let now = ingest.started.elapsed();
+        if done > 0 && first.is_none() {
+            first = Some((now, done));
+        }
+        if done >= n as i64 {
+            let (first, at_first) = first.unwrap_or((now, done));
+            let cpu_s = cpu_seconds(ingest.pid).unwrap_or(f64::NAN);
+            return Ok(Bulk {
+                total: now,
+                first,
+                at_first,
+                max_rss_kib,
+                cpu_s,
+            });
+        }
+        let late = now > Duration::from_secs(1800);
+        ensure!(!late, "ingest committed only {done} of {n} in 30 minutes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// M events at a fixed rate, started_at = now; returns produce → visible latencies in ms.
+async fn freshness(
+    args: &Args,
+    producer: &FutureProducer,
+    topic: &str,
+    pool: &PgPool,
+    ingest: &mut Ingest,
+    rng: &mut StdRng,
+) -> Result<Vec<f64>> {
+    let (m, rate) = (args.fresh_events, f64::from(args.rate));
+    // Every bulk event started at least a minute ago: only new ids are >= this bound.
+    let since = RequestId::lower_bound_at(Utc::now());
+    let deadline = Instant::now() + Duration::from_secs_f64(m as f64 / rate + 120.0);
+    let poller = tokio::spawn(poll_visible(pool.clone(), since, m as i64, deadline));
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    let (mut sent, mut acks) = (Vec::with_capacity(m), Vec::with_capacity(m));
+    for i in 0..m {
+        tick.tick().await;
+        let e = event(rng, i, millis(Utc::now().timestamp_millis())?);
+        sent.push(Instant::now());
+        acks.push(send(producer, topic, &e.tenant_id, &e.to_json()).await?);
+    }
+    for ack in acks {
+        ack.await
+            .context("delivery cancelled")?
+            .map_err(|(e, _)| e)?;
+    }
+    ingest.check_running()?;
+    let samples = poller.await??;
+    let (mut polls, mut at) = (samples.iter(), None);
+    let mut latencies = Vec::with_capacity(m);
+    for (i, sent) in sent.iter().enumerate() {
+        while at.is_none_or(|(_, count)| count < i as i64 + 1) {
+            at = polls.next().copied();
+            ensure!(at.is_some(), "event {i} never became visible");
+        }
+        if let Some((t, _)) = at {
+            latencies.push(t.saturating_duration_since(*sent).as_secs_f64() * 1000.0);
+        }
+    }
+    Ok(latencies)
+}
+
+/// (time, count of new request_log rows), every ~10 ms until all M are there.
+async fn poll_visible(
+    pool: PgPool,
+    since: uuid::Uuid,
+    m: i64,
+    deadline: Instant,
+) -> Result<Vec<(Instant, i64)>> {
+    let mut samples = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let query = "SELECT count(*) FROM request_log WHERE request_id >= $1";
+        let (count,): (i64,) = sqlx::query_as(query).bind(since).fetch_one(&pool).await?;
+        samples.push((Instant::now(), count));
+        if count >= m {
+            return Ok(samples);
+        }
+        let late = Instant::now() > deadline;
+        ensure!(!late, "only {count} of {m} fresh events visible in time");
+    }
+}
