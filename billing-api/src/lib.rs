@@ -11,6 +11,7 @@
 
 pub mod auth;
 pub mod error;
+pub mod rating;
 pub mod service;
 pub mod usage;
 

@@ -1,0 +1,173 @@
+//! Price books: versioned, with an effective date, loadable from YAML and
+//! stored in Postgres. A book holds per-model token rates (per 1M tokens),
+//! per-priority GPU-hour rates, the off-peak window in a named IANA zone,
+//! and the shared-overhead pool.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use chrono::{NaiveDate, NaiveTime};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+use crate::error::BillingError;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PriceBook {
+    pub version: String,
+    pub effective_from: NaiveDate,
+    pub currency: String,
+    /// IANA zone of the off-peak window and of the overhead pool's month.
+    pub time_zone: String,
+    pub token_rates: BTreeMap<String, TokenRates>,
+    /// Priority ("1".."5") → price of one GPU-hour.
+    pub gpu_hour_rates: BTreeMap<String, Decimal>,
+    pub off_peak: OffPeak,
+    pub overhead: Overhead,
+}
+
+/// Prices per 1M tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenRates {
+    pub input: Decimal,
+    pub cached_input: Decimal,
+    pub output: Decimal,
+}
+
+/// A daily window in the book's zone; `start > end` wraps past midnight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OffPeak {
+    #[serde(with = "hh_mm")]
+    pub start: NaiveTime,
+    #[serde(with = "hh_mm")]
+    pub end: NaiveTime,
+    pub discount_percent: Decimal,
+}
+
+/// The shared-overhead pool for a month.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "OverheadSpec", into = "OverheadSpec")]
+pub enum Overhead {
+    /// A fixed amount per month.
+    FixedPerMonth(Decimal),
+    /// Idle GPU-hours of the fleet in the month times this rate.
+    IdleGpuHourRate(Decimal),
+}
+
+/// How a pool is written in YAML: exactly one of the two keys.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct OverheadSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fixed_per_month: Option<Decimal>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    idle_gpu_hour_rate: Option<Decimal>,
+}
+
+impl TryFrom<OverheadSpec> for Overhead {
+    type Error = String;
+
+    fn try_from(spec: OverheadSpec) -> Result<Self, String> {
+        match (spec.fixed_per_month, spec.idle_gpu_hour_rate) {
+            (Some(d), None) => Ok(Self::FixedPerMonth(d)),
+            (None, Some(d)) => Ok(Self::IdleGpuHourRate(d)),
+            _ => Err("overhead needs exactly one of fixedPerMonth or idleGpuHourRate".into()),
+        }
+    }
+}
+
+impl From<Overhead> for OverheadSpec {
+    fn from(o: Overhead) -> Self {
+        match o {
+            Overhead::FixedPerMonth(d) => Self { fixed_per_month: Some(d), idle_gpu_hour_rate: None },
+            Overhead::IdleGpuHourRate(d) => Self { fixed_per_month: None, idle_gpu_hour_rate: Some(d) },
+        }
+    }
+}
+
+impl PriceBook {
+    /// Parses and validates a YAML book, naming what is wrong.
+    pub fn from_yaml(text: &str) -> Result<Self, BillingError> {
+        let book: Self = serde_norway::from_str(text)
+            .map_err(|e| BillingError::BadRequest(format!("price book: {e}")))?;
+        book.validate()?;
+        Ok(book)
+    }
+
+    pub fn validate(&self) -> Result<(), BillingError> {
+        let bad = |m: String| Err(BillingError::BadRequest(format!("price book {}: {m}", self.version)));
+        if chrono_tz::Tz::from_str(&self.time_zone).is_err() {
+            return bad(format!("timeZone {:?} is not an IANA zone name", self.time_zone));
+        }
+        if self.currency.len() != 3 || !self.currency.chars().all(|c| c.is_ascii_uppercase()) {
+            return bad(format!("currency {:?} is not an ISO 4217 code", self.currency));
+        }
+        for p in 1..=5 {
+            match self.gpu_hour_rates.get(&p.to_string()) {
+                Some(r) if !r.is_sign_negative() => {}
+                _ => return bad(format!("gpuHourRates needs a non-negative rate for priority {p}")),
+            }
+        }
+        for (model, r) in &self.token_rates {
+            if [r.input, r.cached_input, r.output].iter().any(|d| d.is_sign_negative()) {
+                return bad(format!("tokenRates.{model} has a negative rate"));
+            }
+        }
+        let pct = self.off_peak.discount_percent;
+        if pct.is_sign_negative() || pct > Decimal::ONE_HUNDRED {
+            return bad(format!("offPeak.discountPercent {pct} is outside 0..100"));
+        }
+        let pool = match self.overhead {
+            Overhead::FixedPerMonth(d) | Overhead::IdleGpuHourRate(d) => d,
+        };
+        if pool.is_sign_negative() {
+            return bad("overhead must not be negative".into());
+        }
+        Ok(())
+    }
+
+    pub fn gpu_hour_rate(&self, priority: i16) -> Decimal {
+        self.gpu_hour_rates.get(&priority.to_string()).copied().unwrap_or_default()
+    }
+}
+
+mod hh_mm {
+    use chrono::NaiveTime;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &NaiveTime, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&t.format("%H:%M"))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<NaiveTime, D::Error> {
+        let text = String::deserialize(d)?;
+        NaiveTime::parse_from_str(&text, "%H:%M")
+            .map_err(|e| serde::de::Error::custom(format!("{text:?} is not HH:MM: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REFERENCE: &str = include_str!("../../../config/price-book.yaml");
+
+    #[test]
+    fn the_reference_book_loads() {
+        let book = PriceBook::from_yaml(REFERENCE).unwrap();
+        assert_eq!(book.gpu_hour_rate(1), Decimal::new(100, 2));
+        assert_eq!(book.gpu_hour_rate(5), Decimal::new(350, 2));
+        assert_eq!(book.off_peak.discount_percent, Decimal::from(30));
+        assert_eq!(book.overhead, Overhead::FixedPerMonth(Decimal::new(280000, 2)));
+    }
+
+    #[test]
+    fn a_bad_zone_is_named() {
+        let text = REFERENCE.replace("America/New_York", "Mars/Olympus");
+        let err = PriceBook::from_yaml(&text).unwrap_err().to_string();
+        assert!(err.contains("Mars/Olympus"), "{err}");
+    }
+}
