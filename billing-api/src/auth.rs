@@ -25,18 +25,6 @@ pub struct Principal {
     pub tenant_id: Option<String>,
 }
 
-impl Principal {
-    /// Whether this caller may read `tenant`'s usage and money. A refusal
-    /// is answered as 404 by the caller of this, never 403.
-    pub fn may_read_tenant(&self, tenant: &str) -> bool {
-        match self.role {
-            Role::Finance => true,
-            Role::TeamLead => self.tenant_id.as_deref() == Some(tenant),
-            Role::Support => false,
-        }
-    }
-}
-
 pub fn hash_token(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }

@@ -15,6 +15,13 @@ pub enum BillingError {
     NotFound,
     #[error("{0}")]
     BadRequest(String),
+    /// The caller may see the tenant but not do this (e.g. a team lead finalizing).
+    #[error("this role may not do that")]
+    Forbidden,
+    #[error("{0}")]
+    Conflict(String),
+    #[error("rating: {0}")]
+    Rating(#[from] crate::rating::RatingError),
     #[error("configuration: {0}")]
     Config(String),
     #[error("postgres: {0}")]
@@ -29,6 +36,8 @@ impl BillingError {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::Conflict(_) | Self::Rating(_) => StatusCode::CONFLICT,
             Self::Config(_) | Self::Database(_) | Self::Schema(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -40,6 +49,9 @@ impl BillingError {
             Self::Unauthenticated => "unauthenticated",
             Self::NotFound => "not_found",
             Self::BadRequest(_) => "bad_request",
+            Self::Forbidden => "forbidden",
+            Self::Conflict(_) => "conflict",
+            Self::Rating(_) => "unpriced_usage",
             Self::Config(_) | Self::Database(_) | Self::Schema(_) => "internal",
         }
     }

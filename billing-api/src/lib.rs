@@ -3,16 +3,33 @@
 //! Layout:
 //! - [`auth`]: bearer tokens (hashed) with roles, tenant scoping, the audit log
 //! - [`usage`]: hourly usage per tenant
+//! - [`rating`]: price books, usage → lines (the rounding rule), overhead split
+//! - [`period`]: months in a time zone as UTC instants
+//! - [`drafts`]: draft invoices from usage_hourly, one tenant or all
+//! - [`invoice`]: the invoice content and its hash
+//! - [`lifecycle`]: finalize, void, adjustments for late usage
+//! - [`shadow`]: shadow bills with breakdowns, projection, shift savings
+//! - [`lookup`]: request lookup for support
+//! - [`export`]: invoice CSV and the FOCUS dataset
+//! - [`routes`]: handlers and the access rules
 //! - [`service`], [`error`]: router, config and the one error → HTTP mapping
 //!
-//! Invariant: every read of a tenant's usage or money goes through
-//! [`auth::Principal::may_read_tenant`]; a refusal is a 404, never a 403.
-//! Price books, invoices and shadow bills are the billing issue's work.
+//! Invariant: every handler checks the caller with `routes::check` before
+//! it reads anything; a team lead asking about another tenant gets a 404,
+//! never a 403. Every read of money is written to `audit_log`.
 
 pub mod auth;
+pub mod drafts;
 pub mod error;
+pub mod export;
+pub mod invoice;
+pub mod lifecycle;
+pub mod lookup;
+pub mod period;
 pub mod rating;
+pub mod routes;
 pub mod service;
+pub mod shadow;
 pub mod usage;
 
 pub use error::BillingError;

@@ -4,14 +4,15 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use clap::Args;
 use sqlx::PgPool;
 
 use crate::auth::put_token;
 use crate::error::BillingError;
-use crate::usage;
+use crate::rating::PriceBook;
+use crate::{drafts, routes, usage};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -30,6 +31,9 @@ pub struct BillingConfig {
         default_value = "postgres://postgres@127.0.0.1:5432/meterline"
     )]
     pub database_url: String,
+    /// A price book (YAML) to load at start-up, e.g. config/price-book.yaml.
+    #[arg(long, env = "BILLING_PRICE_BOOK_FILE")]
+    pub price_book_file: Option<std::path::PathBuf>,
     /// A finance token to register at start-up (stored hashed), for a new
     /// installation's first login and for the demo.
     #[arg(long, env = "BILLING_BOOTSTRAP_FINANCE_TOKEN")]
@@ -39,6 +43,23 @@ pub struct BillingConfig {
 pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/tenants/{tenant}/usage", get(usage::tenant_usage))
+        .route(
+            "/v1/tenants/{tenant}/invoices/{period}",
+            get(routes::get_invoice),
+        )
+        .route(
+            "/v1/tenants/{tenant}/invoices/{period}/finalize",
+            post(routes::finalize_invoice),
+        )
+        .route(
+            "/v1/tenants/{tenant}/invoices/{period}/void",
+            post(routes::void_invoice),
+        )
+        .route("/v1/tenants/{tenant}/shadow-bill", get(routes::shadow_bill))
+        .route("/v1/invoices", get(routes::list_invoices))
+        .route("/v1/exports/focus", get(routes::focus_export))
+        .route("/v1/requests/{request_id}", get(routes::lookup_request))
+        .route("/v1/price-books", post(routes::put_price_book))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state)
 }
@@ -58,6 +79,16 @@ pub async fn run(
             ));
         }
         put_token(&pool, "bootstrap-finance", token, "finance", None).await?;
+    }
+    if let Some(path) = &config.price_book_file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            BillingError::Config(format!("BILLING_PRICE_BOOK_FILE {}: {e}", path.display()))
+        })?;
+        let book = PriceBook::from_yaml(&text).map_err(|e| {
+            BillingError::Config(format!("BILLING_PRICE_BOOK_FILE {}: {e}", path.display()))
+        })?;
+        drafts::put_book(&pool, &book).await?;
+        tracing::info!(version = %book.version, "price book loaded");
     }
     tracing::info!(addr = %config.addr, "billing-api listening");
     axum::serve(listener, app(AppState { pool }))

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::{audit, Principal};
 use crate::error::BillingError;
+use crate::routes::{check, Access};
 use crate::service::AppState;
 
 /// The longest range one call may ask for.
@@ -73,9 +74,7 @@ pub async fn tenant_usage(
     Path(tenant): Path<String>,
     Query(range): Query<Range>,
 ) -> Result<Json<UsageResponse>, BillingError> {
-    if !who.may_read_tenant(&tenant) {
-        return Err(BillingError::NotFound);
-    }
+    check(&who, Some(&tenant), Access::ReadMoney)?;
     let from = parse_time("from", &range.from)?;
     let to = parse_time("to", &range.to)?;
     if to <= from {

@@ -75,6 +75,9 @@ pub struct Line {
     pub per: i64,
     #[serde(with = "rust_decimal::serde::str")]
     pub amount: Decimal,
+    /// For adjustment lines: the earlier period whose late usage this bills.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adjusts: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,22 +95,36 @@ const PER_MILLION: i64 = 1_000_000;
 const SECONDS_PER_HOUR: i64 = 3_600;
 
 /// Rates usage groups into lines (usage lines, then their off-peak discount).
-pub fn rate(groups: &[UsageGroup], book: &PriceBook, mode: BillingMode) -> Result<Vec<Line>, RatingError> {
+pub fn rate(
+    groups: &[UsageGroup],
+    book: &PriceBook,
+    mode: BillingMode,
+) -> Result<Vec<Line>, RatingError> {
     let mut sorted: Vec<&UsageGroup> = groups.iter().collect();
-    sorted.sort_by(|a, b| (&a.model, a.priority, a.off_peak).cmp(&(&b.model, b.priority, b.off_peak)));
+    sorted.sort_by(|a, b| {
+        (&a.model, a.priority, a.off_peak).cmp(&(&b.model, b.priority, b.off_peak))
+    });
     let mut lines = Vec::with_capacity(sorted.len() * 4);
     for g in sorted {
         let first = lines.len();
         match mode {
             BillingMode::PerToken => {
-                let rates = book.token_rates.get(&g.model).ok_or_else(|| RatingError::UnpricedModel {
-                    book: book.version.clone(),
-                    model: g.model.clone(),
-                })?;
+                let rates =
+                    book.token_rates
+                        .get(&g.model)
+                        .ok_or_else(|| RatingError::UnpricedModel {
+                            book: book.version.clone(),
+                            model: g.model.clone(),
+                        })?;
                 let uncached = g.prompt_tokens - g.cached_tokens;
                 for (unit, what, qty, price) in [
                     ("input_tokens", "input", uncached, rates.input),
-                    ("cached_input_tokens", "cached input", g.cached_tokens, rates.cached_input),
+                    (
+                        "cached_input_tokens",
+                        "cached input",
+                        g.cached_tokens,
+                        rates.cached_input,
+                    ),
                     ("output_tokens", "output", g.completion_tokens, rates.output),
                 ] {
                     if qty == 0 {
@@ -115,7 +132,12 @@ pub fn rate(groups: &[UsageGroup], book: &PriceBook, mode: BillingMode) -> Resul
                     }
                     lines.push(usage_line(
                         g,
-                        format!("{} {what} tokens, P{}{}", g.model, g.priority, when(g.off_peak)),
+                        format!(
+                            "{} {what} tokens, P{}{}",
+                            g.model,
+                            g.priority,
+                            when(g.off_peak)
+                        ),
                         unit,
                         Decimal::from(qty),
                         price,
@@ -157,6 +179,7 @@ pub fn rate(groups: &[UsageGroup], book: &PriceBook, mode: BillingMode) -> Resul
                     unit_price: -cents(discounted * pct / Decimal::ONE_HUNDRED),
                     per: 1,
                     amount: -cents(discounted * pct / Decimal::ONE_HUNDRED),
+                    adjusts: None,
                 });
             }
         }
@@ -192,6 +215,7 @@ fn usage_line(
         unit_price,
         per,
         amount,
+        adjusts: None,
     }
 }
 
@@ -224,17 +248,32 @@ mod tests {
     #[test]
     fn reference_12400_gpu_hours_at_p1_and_p5() {
         let seconds = Decimal::from(12_400 * 3_600);
-        let p1 = rate(&[gpu_group(1, seconds, false)], &book(), BillingMode::PerGpuSecond).unwrap();
+        let p1 = rate(
+            &[gpu_group(1, seconds, false)],
+            &book(),
+            BillingMode::PerGpuSecond,
+        )
+        .unwrap();
         assert_eq!(total(&p1), dec!(12400.00));
         assert_eq!(p1[0].quantity, dec!(12400));
-        let p5 = rate(&[gpu_group(5, seconds, false)], &book(), BillingMode::PerGpuSecond).unwrap();
+        let p5 = rate(
+            &[gpu_group(5, seconds, false)],
+            &book(),
+            BillingMode::PerGpuSecond,
+        )
+        .unwrap();
         assert_eq!(total(&p5), dec!(43400.00));
     }
 
     #[test]
     fn off_peak_hours_get_30_percent_off() {
         let seconds = Decimal::from(100 * 3_600);
-        let lines = rate(&[gpu_group(3, seconds, true)], &book(), BillingMode::PerGpuSecond).unwrap();
+        let lines = rate(
+            &[gpu_group(3, seconds, true)],
+            &book(),
+            BillingMode::PerGpuSecond,
+        )
+        .unwrap();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0].amount, dec!(200.00));
         assert_eq!(lines[1].kind, LineKind::Discount);

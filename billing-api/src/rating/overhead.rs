@@ -23,7 +23,11 @@ pub fn allocate(pool: Decimal, weights: &BTreeMap<String, Decimal>) -> BTreeMap<
     let mut shares: Vec<(&String, Decimal, Decimal)> = weights
         .iter()
         .map(|(tenant, w)| {
-            let w = if w.is_sign_positive() { *w } else { Decimal::ZERO };
+            let w = if w.is_sign_positive() {
+                *w
+            } else {
+                Decimal::ZERO
+            };
             let exact = pool_cents * w / total;
             let floor = exact.floor();
             (tenant, floor, exact - floor)
@@ -32,7 +36,12 @@ pub fn allocate(pool: Decimal, weights: &BTreeMap<String, Decimal>) -> BTreeMap<
     let given: Decimal = shares.iter().map(|s| s.1).sum();
     let mut left = pool_cents - given;
     let mut order: Vec<usize> = (0..shares.len()).collect();
-    order.sort_by(|&a, &b| shares[b].2.cmp(&shares[a].2).then_with(|| shares[a].0.cmp(shares[b].0)));
+    order.sort_by(|&a, &b| {
+        shares[b]
+            .2
+            .cmp(&shares[a].2)
+            .then_with(|| shares[a].0.cmp(shares[b].0))
+    });
     for i in order {
         if left <= Decimal::ZERO {
             break;
@@ -62,8 +71,10 @@ mod tests {
 
     #[test]
     fn leftover_cents_go_to_the_largest_remainders() {
-        let weights: BTreeMap<String, Decimal> =
-            ["a", "b", "c"].iter().map(|t| (t.to_string(), Decimal::ONE)).collect();
+        let weights: BTreeMap<String, Decimal> = ["a", "b", "c"]
+            .iter()
+            .map(|t| (t.to_string(), Decimal::ONE))
+            .collect();
         let shares = allocate(dec!(1.00), &weights);
         // 33.33… cents each: one cent left, to the first by id.
         assert_eq!(shares["a"], dec!(0.34));

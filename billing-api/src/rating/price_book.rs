@@ -82,8 +82,14 @@ impl TryFrom<OverheadSpec> for Overhead {
 impl From<Overhead> for OverheadSpec {
     fn from(o: Overhead) -> Self {
         match o {
-            Overhead::FixedPerMonth(d) => Self { fixed_per_month: Some(d), idle_gpu_hour_rate: None },
-            Overhead::IdleGpuHourRate(d) => Self { fixed_per_month: None, idle_gpu_hour_rate: Some(d) },
+            Overhead::FixedPerMonth(d) => Self {
+                fixed_per_month: Some(d),
+                idle_gpu_hour_rate: None,
+            },
+            Overhead::IdleGpuHourRate(d) => Self {
+                fixed_per_month: None,
+                idle_gpu_hour_rate: Some(d),
+            },
         }
     }
 }
@@ -98,21 +104,39 @@ impl PriceBook {
     }
 
     pub fn validate(&self) -> Result<(), BillingError> {
-        let bad = |m: String| Err(BillingError::BadRequest(format!("price book {}: {m}", self.version)));
+        let bad = |m: String| {
+            Err(BillingError::BadRequest(format!(
+                "price book {}: {m}",
+                self.version
+            )))
+        };
         if chrono_tz::Tz::from_str(&self.time_zone).is_err() {
-            return bad(format!("timeZone {:?} is not an IANA zone name", self.time_zone));
+            return bad(format!(
+                "timeZone {:?} is not an IANA zone name",
+                self.time_zone
+            ));
         }
         if self.currency.len() != 3 || !self.currency.chars().all(|c| c.is_ascii_uppercase()) {
-            return bad(format!("currency {:?} is not an ISO 4217 code", self.currency));
+            return bad(format!(
+                "currency {:?} is not an ISO 4217 code",
+                self.currency
+            ));
         }
         for p in 1..=5 {
             match self.gpu_hour_rates.get(&p.to_string()) {
                 Some(r) if !r.is_sign_negative() => {}
-                _ => return bad(format!("gpuHourRates needs a non-negative rate for priority {p}")),
+                _ => {
+                    return bad(format!(
+                        "gpuHourRates needs a non-negative rate for priority {p}"
+                    ))
+                }
             }
         }
         for (model, r) in &self.token_rates {
-            if [r.input, r.cached_input, r.output].iter().any(|d| d.is_sign_negative()) {
+            if [r.input, r.cached_input, r.output]
+                .iter()
+                .any(|d| d.is_sign_negative())
+            {
                 return bad(format!("tokenRates.{model} has a negative rate"));
             }
         }
@@ -130,7 +154,10 @@ impl PriceBook {
     }
 
     pub fn gpu_hour_rate(&self, priority: i16) -> Decimal {
-        self.gpu_hour_rates.get(&priority.to_string()).copied().unwrap_or_default()
+        self.gpu_hour_rates
+            .get(&priority.to_string())
+            .copied()
+            .unwrap_or_default()
     }
 }
 
@@ -161,7 +188,10 @@ mod tests {
         assert_eq!(book.gpu_hour_rate(1), Decimal::new(100, 2));
         assert_eq!(book.gpu_hour_rate(5), Decimal::new(350, 2));
         assert_eq!(book.off_peak.discount_percent, Decimal::from(30));
-        assert_eq!(book.overhead, Overhead::FixedPerMonth(Decimal::new(280000, 2)));
+        assert_eq!(
+            book.overhead,
+            Overhead::FixedPerMonth(Decimal::new(280000, 2))
+        );
     }
 
     #[test]

@@ -1,0 +1,174 @@
+//! Shadow bills for team leads: "what you would have paid" for a month,
+//! month-to-date with a projection to month end, broken down by model, by
+//! local day and by local hour of day, peak vs off-peak, and what moving a
+//! share of the peak load off-peak would save.
+//!
+//! The month-to-date total is the draft invoice's total. Breakdowns are
+//! rated per (local day, local hour) and rounded to cents there, so their
+//! sums can differ from the total by a few cents of rounding.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, NaiveDate, Utc};
+use rust_decimal::Decimal;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::drafts::{self, Tenant};
+use crate::error::BillingError;
+use crate::invoice::Invoice;
+use crate::period::Month;
+use crate::rating::{cents, rate, UsageGroup};
+
+#[derive(Debug, Serialize)]
+pub struct ShadowBill {
+    pub tenant_id: String,
+    pub period: String,
+    pub currency: String,
+    pub as_of: DateTime<Utc>,
+    /// The draft (or finalized) invoice for the month so far.
+    pub month_to_date: Invoice,
+    /// Usage so far scaled by the hours left, plus overhead and adjustments.
+    #[serde(with = "rust_decimal::serde::str")]
+    pub projected_month_total: Decimal,
+    pub by_model: BTreeMap<String, Amount>,
+    pub by_day: BTreeMap<NaiveDate, Amount>,
+    pub by_hour_of_day: BTreeMap<u32, Amount>,
+    pub peak: Amount,
+    pub off_peak: Amount,
+    pub shift: ShiftSaving,
+}
+
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct Amount {
+    pub requests: i64,
+    #[serde(with = "rust_decimal::serde::str")]
+    pub amount: Decimal,
+}
+
+impl Amount {
+    fn add(&mut self, requests: i64, amount: Decimal) {
+        self.requests += requests;
+        self.amount += amount;
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ShiftSaving {
+    /// The share of peak usage moved off-peak, 0..1.
+    #[serde(with = "rust_decimal::serde::str")]
+    pub share: Decimal,
+    #[serde(with = "rust_decimal::serde::str")]
+    pub saving: Decimal,
+}
+
+pub async fn shadow_bill(
+    pool: &PgPool,
+    tenant: &Tenant,
+    month: Month,
+    shift: Decimal,
+    now: DateTime<Utc>,
+) -> Result<ShadowBill, BillingError> {
+    if shift.is_sign_negative() || shift > Decimal::ONE {
+        return Err(BillingError::BadRequest(
+            "shift must be between 0 and 1".into(),
+        ));
+    }
+    let month_to_date = crate::lifecycle::current(pool, &tenant.tenant_id, month).await?;
+    let book = drafts::book_for(pool, month.first_day()).await?;
+    let (start, end) = month.bounds(tenant.time_zone);
+    type Row = (
+        NaiveDate,
+        i32,
+        String,
+        i16,
+        bool,
+        i64,
+        i64,
+        i64,
+        i64,
+        Decimal,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT (hour AT TIME ZONE $4)::date, extract(hour FROM hour AT TIME ZONE $4)::int,
+                model, priority,
+                CASE WHEN $5::time < $6::time
+                     THEN (hour AT TIME ZONE $7)::time >= $5 AND (hour AT TIME ZONE $7)::time < $6
+                     ELSE (hour AT TIME ZONE $7)::time >= $5 OR (hour AT TIME ZONE $7)::time < $6 END,
+                requests, prompt_tokens, cached_tokens, completion_tokens, gpu_seconds
+         FROM usage_hourly WHERE tenant_id = $1 AND hour >= $2 AND hour < $3",
+    )
+    .bind(&tenant.tenant_id)
+    .bind(start)
+    .bind(end)
+    .bind(tenant.time_zone.name())
+    .bind(book.off_peak.start)
+    .bind(book.off_peak.end)
+    .bind(&book.time_zone)
+    .fetch_all(pool)
+    .await?;
+    let (mut by_model, mut by_day, mut by_hour) =
+        (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    let (mut peak, mut off_peak) = (Amount::default(), Amount::default());
+    for (day, hour, model, priority, off, requests, prompt, cached, completion, gpu) in rows {
+        let group = UsageGroup {
+            model: model.clone(),
+            priority,
+            off_peak: off,
+            requests,
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            completion_tokens: completion,
+            gpu_seconds: gpu,
+        };
+        let amount: Decimal = rate(&[group], &book, tenant.billing_mode)?
+            .iter()
+            .map(|l| l.amount)
+            .sum();
+        by_model
+            .entry(model)
+            .or_insert_with(Amount::default)
+            .add(requests, amount);
+        by_day
+            .entry(day)
+            .or_insert_with(Amount::default)
+            .add(requests, amount);
+        by_hour
+            .entry(hour.max(0) as u32)
+            .or_insert_with(Amount::default)
+            .add(requests, amount);
+        if off {
+            off_peak.add(requests, amount)
+        } else {
+            peak.add(requests, amount)
+        }
+    }
+    let body = &month_to_date.body;
+    let elapsed = (now.min(end) - start).num_seconds().max(1);
+    let whole = (end - start).num_seconds().max(1);
+    let projected = if now >= end {
+        body.total
+    } else {
+        cents(body.subtotal * Decimal::from(whole) / Decimal::from(elapsed))
+            + body.overhead
+            + body.adjustments
+    };
+    let saving = cents(shift * peak.amount * book.off_peak.discount_percent / Decimal::ONE_HUNDRED);
+    Ok(ShadowBill {
+        tenant_id: tenant.tenant_id.clone(),
+        period: month.to_string(),
+        currency: book.currency.clone(),
+        as_of: now,
+        projected_month_total: projected,
+        month_to_date,
+        by_model,
+        by_day,
+        by_hour_of_day: by_hour,
+        peak,
+        off_peak,
+        shift: ShiftSaving {
+            share: shift,
+            saving,
+        },
+    })
+}
