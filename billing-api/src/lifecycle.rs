@@ -19,36 +19,36 @@ use crate::rating::{Line, LineKind};
 /// How far back late usage is looked for.
 const ADJUSTMENT_MONTHS: usize = 12;
 
-type Row = (
-    String,
-    i64,
-    sqlx::types::Json<InvoiceBody>,
-    String,
-    DateTime<Utc>,
-    Option<DateTime<Utc>>,
-    Option<String>,
-);
+/// A stored invoice as selected by the queries below.
+#[derive(sqlx::FromRow)]
+struct Row {
+    tenant_id: String,
+    status: String,
+    number: i64,
+    content: sqlx::types::Json<InvoiceBody>,
+    hash: String,
+    finalized_at: DateTime<Utc>,
+    voided_at: Option<DateTime<Utc>>,
+    void_reason: Option<String>,
+}
 
-fn from_row((status, number, body, hash, finalized_at, voided_at, reason): Row) -> Invoice {
-    let status = if status == "voided" {
+fn from_row(row: Row) -> Invoice {
+    let status = if row.status == "voided" {
         Status::Voided
     } else {
         Status::Finalized
     };
     Invoice {
-        payable: status == Status::Finalized && !body.0.shadow,
+        payable: status == Status::Finalized && !row.content.0.shadow,
         status,
-        number: Some(number),
-        content_hash: hash,
-        finalized_at: Some(finalized_at),
-        voided_at,
-        void_reason: reason,
-        body: body.0,
+        number: Some(row.number),
+        content_hash: row.hash,
+        finalized_at: Some(row.finalized_at),
+        voided_at: row.voided_at,
+        void_reason: row.void_reason,
+        body: row.content.0,
     }
 }
-
-const SELECT: &str = "SELECT status, number, content, encode(content_hash, 'hex'), finalized_at, voided_at, void_reason
-                      FROM invoices";
 
 /// The live finalized invoice of a tenant's month, if any.
 pub async fn finalized(
@@ -56,9 +56,11 @@ pub async fn finalized(
     tenant: &str,
     month: Month,
 ) -> Result<Option<Invoice>, BillingError> {
-    let row: Option<Row> = sqlx::query_as(&format!(
-        "{SELECT} WHERE tenant_id = $1 AND period = $2 AND status = 'finalized'"
-    ))
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT tenant_id, status, number, content, encode(content_hash, 'hex') AS hash, finalized_at,
+                voided_at, void_reason
+         FROM invoices WHERE tenant_id = $1 AND period = $2 AND status = 'finalized'",
+    )
     .bind(tenant)
     .bind(month.to_string())
     .fetch_optional(pool)
@@ -73,9 +75,9 @@ pub async fn current_many(
     month: Month,
     ids: &[String],
 ) -> Result<Vec<Invoice>, BillingError> {
-    let rows: Vec<(String, String, i64, sqlx::types::Json<InvoiceBody>, String, DateTime<Utc>, Option<DateTime<Utc>>, Option<String>)> =
-        sqlx::query_as(
-            "SELECT tenant_id, status, number, content, encode(content_hash, 'hex'), finalized_at, voided_at, void_reason
+    let rows: Vec<Row> = sqlx::query_as(
+            "SELECT tenant_id, status, number, content, encode(content_hash, 'hex') AS hash, finalized_at,
+                    voided_at, void_reason
              FROM invoices WHERE period = $1 AND status = 'finalized' AND tenant_id = ANY($2)",
         )
         .bind(month.to_string())
@@ -84,7 +86,7 @@ pub async fn current_many(
         .await?;
     let mut done: HashMap<String, Invoice> = rows
         .into_iter()
-        .map(|(t, status, n, body, hash, f, v, r)| (t, from_row((status, n, body, hash, f, v, r))))
+        .map(|row| (row.tenant_id.clone(), from_row(row)))
         .collect();
     let missing: Vec<String> = ids
         .iter()
@@ -181,11 +183,12 @@ pub async fn void(
     if reason.trim().is_empty() {
         return Err(BillingError::BadRequest("a void needs a reason".into()));
     }
-    let row: Option<Row> = sqlx::query_as(&format!(
+    let row: Option<Row> = sqlx::query_as(
         "UPDATE invoices SET status = 'voided', voided_at = now(), voided_by = $3, void_reason = $4
          WHERE tenant_id = $1 AND period = $2 AND status = 'finalized'
-         RETURNING status, number, content, encode(content_hash, 'hex'), finalized_at, voided_at, void_reason"
-    ))
+         RETURNING tenant_id, status, number, content, encode(content_hash, 'hex') AS hash,
+                   finalized_at, voided_at, void_reason",
+    )
     .bind(tenant)
     .bind(month.to_string())
     .bind(who)
