@@ -12,6 +12,7 @@
 //! - [`lookup`]: request lookup for support
 //! - [`export`]: invoice CSV and the FOCUS dataset
 //! - [`routes`]: handlers and the access rules
+//! - [`cost_metrics`]: `/metrics` for cost tools (GPU-seconds, cost, preemption waste)
 //! - [`service`], [`error`]: router, config and the one error → HTTP mapping
 //!
 //! Invariant: every handler checks the caller with `routes::check` before
@@ -19,6 +20,7 @@
 //! never a 403. Every read of money is written to `audit_log`.
 
 pub mod auth;
+pub mod cost_metrics;
 pub mod drafts;
 pub mod error;
 pub mod export;

@@ -17,6 +17,7 @@ use crate::{drafts, routes, usage};
 #[derive(Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    pub cost_metrics: crate::cost_metrics::Cache,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -60,6 +61,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/exports/focus", get(routes::focus_export))
         .route("/v1/requests/{request_id}", get(routes::lookup_request))
         .route("/v1/price-books", post(routes::put_price_book))
+        .route("/metrics", get(crate::cost_metrics::metrics))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state)
 }
@@ -91,8 +93,14 @@ pub async fn run(
         tracing::info!(version = %book.version, "price book loaded");
     }
     tracing::info!(addr = %config.addr, "billing-api listening");
-    axum::serve(listener, app(AppState { pool }))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| BillingError::Config(format!("serving on {}: {e}", config.addr)))
+    axum::serve(
+        listener,
+        app(AppState {
+            pool,
+            cost_metrics: Default::default(),
+        }),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+    .map_err(|e| BillingError::Config(format!("serving on {}: {e}", config.addr)))
 }

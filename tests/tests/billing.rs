@@ -210,6 +210,15 @@ async fn reference_figures_overhead_and_off_peak_to_the_cent() {
             .sum();
         assert_eq!(dec(&inv["total"]), sum, "total is the sum of the lines");
     }
+    // Cost tools see the same figures.
+    let metrics = b.client.get(format!("{}/metrics", b.url)).send().await.unwrap().text().await.unwrap();
+    for line in [
+        r#"gpu_seconds_total{tenant="p1-team"} 44640000"#,
+        r#"preemption_waste_seconds_total{tenant="p1-team"} 0"#,
+    ] {
+        assert!(metrics.lines().any(|l| l.starts_with(line)), "missing {line} in\n{metrics}");
+    }
+    assert!(metrics.contains("# TYPE request_cost_dollars_total counter"));
     // The same inputs give the same invoice, byte for byte.
     let again = b.json("/v1/tenants/p1-team/invoices/2026-09").await;
     assert_eq!(again, p1);

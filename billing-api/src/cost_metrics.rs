@@ -1,0 +1,107 @@
+//! Prometheus metrics for cost tools (OpenCost, Kubecost): GPU-seconds and
+//! preemption waste per tenant since the beginning, and the month-to-date
+//! cost per tenant and priority (usage and discount lines of the current
+//! draft; it restarts at each tenant's month boundary like any counter
+//! reset). Rendered from Postgres at most every 30 s, so scrapes stay cheap.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use chrono::Utc;
+use rust_decimal::Decimal;
+use sqlx::PgPool;
+use tokio::sync::Mutex;
+
+use crate::drafts;
+use crate::error::BillingError;
+use crate::period::Month;
+use crate::rating::LineKind;
+use crate::service::AppState;
+
+const MAX_AGE: Duration = Duration::from_secs(30);
+
+/// The last rendering and when it was made.
+#[derive(Clone, Default)]
+pub struct Cache(Arc<Mutex<Option<(Instant, String)>>>);
+
+pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, BillingError> {
+    let mut cached = state.cost_metrics.0.lock().await;
+    if let Some((at, text)) = cached.as_ref() {
+        if at.elapsed() < MAX_AGE {
+            return Ok((
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                text.clone(),
+            ));
+        }
+    }
+    let text = render(&state.pool).await?;
+    *cached = Some((Instant::now(), text.clone()));
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
+}
+
+async fn render(pool: &PgPool) -> Result<String, BillingError> {
+    let usage: Vec<(String, Decimal, Decimal)> = sqlx::query_as(
+        "SELECT tenant_id, sum(gpu_seconds), sum(preempted_gpu_seconds) FROM usage_hourly GROUP BY tenant_id ORDER BY tenant_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut cost: BTreeMap<(String, i16), Decimal> = BTreeMap::new();
+    let mut by_month: BTreeMap<Month, Vec<String>> = BTreeMap::new();
+    let now = Utc::now();
+    for t in drafts::tenants(pool, None).await? {
+        by_month
+            .entry(Month::containing(now, t.time_zone))
+            .or_default()
+            .push(t.tenant_id);
+    }
+    for (month, ids) in by_month {
+        for body in drafts::drafts(pool, month, Some(&ids)).await? {
+            for l in body
+                .lines
+                .iter()
+                .filter(|l| matches!(l.kind, LineKind::Usage | LineKind::Discount))
+            {
+                if let Some(p) = l.priority {
+                    *cost.entry((body.tenant_id.clone(), p)).or_default() += l.amount;
+                }
+            }
+        }
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP gpu_seconds_total GPU-seconds attributed to the tenant's requests"
+    );
+    let _ = writeln!(out, "# TYPE gpu_seconds_total counter");
+    for (t, gpu, _) in &usage {
+        let _ = writeln!(out, "gpu_seconds_total{{tenant=\"{t}\"}} {gpu}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP preemption_waste_seconds_total GPU-seconds lost to preemption"
+    );
+    let _ = writeln!(out, "# TYPE preemption_waste_seconds_total counter");
+    for (t, _, waste) in &usage {
+        let _ = writeln!(
+            out,
+            "preemption_waste_seconds_total{{tenant=\"{t}\"}} {waste}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP request_cost_dollars_total Month-to-date cost of the tenant's usage, by priority"
+    );
+    let _ = writeln!(out, "# TYPE request_cost_dollars_total counter");
+    for ((t, p), amount) in &cost {
+        let _ = writeln!(
+            out,
+            "request_cost_dollars_total{{tenant=\"{t}\",priority=\"{p}\"}} {amount}"
+        );
+    }
+    Ok(out)
+}
