@@ -90,25 +90,31 @@ pub async fn usage_groups(
     let ids: Vec<&str> = windows.iter().map(|w| w.0.as_str()).collect();
     let starts: Vec<DateTime<Utc>> = windows.iter().map(|w| w.1).collect();
     let ends: Vec<DateTime<Utc>> = windows.iter().map(|w| w.2).collect();
+    let (Some(from), Some(to)) = (starts.iter().min().copied(), ends.iter().max().copied()) else {
+        return Ok(HashMap::new());
+    };
+    // Off-peak is decided per hour in Rust (chrono-tz, exact across DST) and
+    // handed over as a short list: no time-zone work per row in Postgres,
+    // and small hash joins that parallel workers can share.
+    let off_peak = book.off_peak_hours(from, to)?;
     type Row = (String, String, i16, bool, i64, i64, i64, i64, Decimal);
     let rows: Vec<Row> = sqlx::query_as(
-        "WITH w AS (SELECT * FROM UNNEST($1::text[], $2::timestamptz[], $3::timestamptz[]) AS w(tenant_id, s, e)),
-              u AS (
-                 SELECT u.*, (u.hour AT TIME ZONE $4)::time AS local_time
-                 FROM usage_hourly u JOIN w ON w.tenant_id = u.tenant_id AND u.hour >= w.s AND u.hour < w.e)
-         SELECT tenant_id, model, priority,
-                CASE WHEN $5::time < $6::time THEN local_time >= $5 AND local_time < $6
-                     ELSE local_time >= $5 OR local_time < $6 END AS off_peak,
-                sum(requests)::bigint, sum(prompt_tokens)::bigint, sum(cached_tokens)::bigint,
-                sum(completion_tokens)::bigint, sum(gpu_seconds)
-         FROM u GROUP BY 1, 2, 3, 4",
+        "SELECT u.tenant_id, u.model, u.priority, op.hour IS NOT NULL,
+                sum(u.requests)::bigint, sum(u.prompt_tokens)::bigint, sum(u.cached_tokens)::bigint,
+                sum(u.completion_tokens)::bigint, sum(u.gpu_seconds)
+         FROM usage_hourly u
+         JOIN UNNEST($1::text[], $2::timestamptz[], $3::timestamptz[]) AS w(tenant_id, s, e)
+           ON w.tenant_id = u.tenant_id AND u.hour >= w.s AND u.hour < w.e
+         LEFT JOIN UNNEST($4::timestamptz[]) AS op(hour) ON op.hour = u.hour
+         WHERE u.hour >= $5 AND u.hour < $6
+         GROUP BY 1, 2, 3, 4",
     )
     .bind(&ids)
     .bind(&starts)
     .bind(&ends)
-    .bind(&book.time_zone)
-    .bind(book.off_peak.start)
-    .bind(book.off_peak.end)
+    .bind(&off_peak)
+    .bind(from)
+    .bind(to)
     .fetch_all(pool)
     .await?;
     let mut out: HashMap<String, Vec<UsageGroup>> = HashMap::new();

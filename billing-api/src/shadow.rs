@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, NaiveDate, Utc};
+use chrono::{DateTime, NaiveDate, Timelike, Utc};
 use rust_decimal::Decimal;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -77,40 +77,25 @@ pub async fn shadow_bill(
     let month_to_date = crate::lifecycle::current(pool, &tenant.tenant_id, month).await?;
     let book = drafts::book_for(pool, month.first_day()).await?;
     let (start, end) = month.bounds(tenant.time_zone);
-    type Row = (
-        NaiveDate,
-        i32,
-        String,
-        i16,
-        bool,
-        i64,
-        i64,
-        i64,
-        i64,
-        Decimal,
-    );
+    let book_zone = crate::period::parse_zone(&book.time_zone)?;
+    type Row = (DateTime<Utc>, String, i16, i64, i64, i64, i64, Decimal);
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT (hour AT TIME ZONE $4)::date, extract(hour FROM hour AT TIME ZONE $4)::int,
-                model, priority,
-                CASE WHEN $5::time < $6::time
-                     THEN (hour AT TIME ZONE $7)::time >= $5 AND (hour AT TIME ZONE $7)::time < $6
-                     ELSE (hour AT TIME ZONE $7)::time >= $5 OR (hour AT TIME ZONE $7)::time < $6 END,
-                requests, prompt_tokens, cached_tokens, completion_tokens, gpu_seconds
+        "SELECT hour, model, priority, requests, prompt_tokens, cached_tokens, completion_tokens, gpu_seconds
          FROM usage_hourly WHERE tenant_id = $1 AND hour >= $2 AND hour < $3",
     )
     .bind(&tenant.tenant_id)
     .bind(start)
     .bind(end)
-    .bind(tenant.time_zone.name())
-    .bind(book.off_peak.start)
-    .bind(book.off_peak.end)
-    .bind(&book.time_zone)
     .fetch_all(pool)
     .await?;
     let (mut by_model, mut by_day, mut by_hour) =
         (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
     let (mut peak, mut off_peak) = (Amount::default(), Amount::default());
-    for (day, hour, model, priority, off, requests, prompt, cached, completion, gpu) in rows {
+    for (at, model, priority, requests, prompt, cached, completion, gpu) in rows {
+        // Peak or off-peak in the book's zone; day and hour in the tenant's.
+        let off = book.is_off_peak(book_zone, at);
+        let local = at.with_timezone(&tenant.time_zone);
+        let (day, hour) = (local.date_naive(), local.hour());
         let group = UsageGroup {
             model: model.clone(),
             priority,
@@ -134,7 +119,7 @@ pub async fn shadow_bill(
             .or_insert_with(Amount::default)
             .add(requests, amount);
         by_hour
-            .entry(hour.max(0) as u32)
+            .entry(hour)
             .or_insert_with(Amount::default)
             .add(requests, amount);
         if off {

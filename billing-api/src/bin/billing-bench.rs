@@ -31,6 +31,9 @@ struct Args {
     hours: i64,
     #[arg(long, default_value_t = 5)]
     runs: u32,
+    /// Keep the benchmark database (to look at query plans).
+    #[arg(long)]
+    keep: bool,
 }
 
 #[tokio::main]
@@ -44,9 +47,13 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let url = base.clone().database(&db).to_url_lossy().to_string();
     let result = run(&args, &url).await;
-    admin
-        .execute(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)").as_str())
-        .await?;
+    if args.keep {
+        println!("kept database {db}");
+    } else {
+        admin
+            .execute(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)").as_str())
+            .await?;
+    }
     result
 }
 
@@ -69,7 +76,7 @@ async fn run(args: &Args, url: &str) -> anyhow::Result<()> {
         "INSERT INTO usage_hourly (tenant_id, model, priority, hour, requests, prompt_tokens,
              cached_tokens, completion_tokens, gpu_seconds)
          SELECT 't' || lpad(i::text, 5, '0'), m, 1 + i % 5,
-                timestamptz '2026-09-01 00:00:00+00' + make_interval(hours => h),
+                timestamptz '2026-09-01 00:00:00+00' + make_interval(hours => h::int),
                 10 + (i * h) % 50, 8000 + (i * h) % 900, (i * h) % 800, 3000 + h % 700,
                 ((i * 7 + h * 13) % 100000) / 1000.0
          FROM generate_series(1, $1) AS i,

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
-use chrono::{NaiveDate, NaiveTime};
+use chrono::{DateTime, DurationRound, NaiveDate, NaiveTime, TimeDelta, Utc};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
@@ -153,6 +153,42 @@ impl PriceBook {
         Ok(())
     }
 
+    /// Whether the hour starting at `hour` is off-peak: its local start time
+    /// in the book's zone is inside the window. Local time comes from the
+    /// zone's rules, so 23- and 25-hour days need no special case.
+    pub fn is_off_peak(&self, zone: chrono_tz::Tz, hour: DateTime<Utc>) -> bool {
+        let t = hour.with_timezone(&zone).time();
+        let (start, end) = (self.off_peak.start, self.off_peak.end);
+        if start <= end {
+            t >= start && t < end
+        } else {
+            t >= start || t < end
+        }
+    }
+
+    /// Every off-peak UTC hour start in `[from, to)`.
+    pub fn off_peak_hours(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Vec<DateTime<Utc>>, BillingError> {
+        let zone = chrono_tz::Tz::from_str(&self.time_zone).map_err(|_| {
+            BillingError::Config(format!(
+                "price book {}: bad zone {}",
+                self.version, self.time_zone
+            ))
+        })?;
+        let mut hour = from.duration_trunc(TimeDelta::hours(1)).unwrap_or(from);
+        let mut out = Vec::new();
+        while hour < to {
+            if self.is_off_peak(zone, hour) {
+                out.push(hour);
+            }
+            hour += TimeDelta::hours(1);
+        }
+        Ok(out)
+    }
+
     pub fn gpu_hour_rate(&self, priority: i16) -> Decimal {
         self.gpu_hour_rates
             .get(&priority.to_string())
@@ -192,6 +228,18 @@ mod tests {
             book.overhead,
             Overhead::FixedPerMonth(Decimal::new(280000, 2))
         );
+    }
+
+    #[test]
+    fn off_peak_hours_follow_local_time_on_the_25_hour_day() {
+        let book = PriceBook::from_yaml(REFERENCE).unwrap();
+        // 2026-11-01 in New York: 25 local hours from 04:00Z to 05:00Z next day.
+        let from = "2026-11-01T04:00:00Z".parse::<DateTime<Utc>>().unwrap();
+        let to = "2026-11-02T05:00:00Z".parse::<DateTime<Utc>>().unwrap();
+        let hours = book.off_peak_hours(from, to).unwrap();
+        // 00:00, 01:00 (EDT), 01:00 (EST), 02..05, 22:00, 23:00 local.
+        assert_eq!(hours.len(), 9);
+        assert_eq!(hours[0], from);
     }
 
     #[test]
