@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 
 use crate::rating::{BillingMode, Line, LineKind};
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UsageTotals {
     pub requests: i64,
     pub prompt_tokens: i64,
@@ -22,7 +22,7 @@ pub struct UsageTotals {
 }
 
 /// The content of an invoice: every figure on it, nothing about its state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InvoiceBody {
     pub tenant_id: String,
     pub period: String,
@@ -105,7 +105,7 @@ pub struct InvoiceHead {
     pub shadow: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Draft,
@@ -114,7 +114,7 @@ pub enum Status {
 }
 
 /// An invoice as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Invoice {
     pub status: Status,
     pub number: Option<i64>,

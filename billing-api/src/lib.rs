@@ -12,6 +12,7 @@
 //! - [`lookup`]: request lookup for support
 //! - [`export`]: invoice CSV and the FOCUS dataset
 //! - [`routes`]: handlers and the access rules
+//! - [`openapi`]: the OpenAPI 3 document, generated from the handlers
 //! - [`cost_metrics`]: `/metrics` for cost tools (GPU-seconds, cost, preemption waste)
 //! - [`service`], [`error`]: router, config and the one error → HTTP mapping
 //!
@@ -27,6 +28,7 @@ pub mod export;
 pub mod invoice;
 pub mod lifecycle;
 pub mod lookup;
+pub mod openapi;
 pub mod period;
 pub mod rating;
 pub mod routes;

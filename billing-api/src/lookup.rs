@@ -12,7 +12,7 @@ use crate::error::BillingError;
 use crate::invoice::Status;
 use crate::period::Month;
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct RequestRecord {
     #[sqlx(skip)]
     pub request_id: String,
@@ -36,14 +36,14 @@ pub struct RequestRecord {
     pub ingested_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct InvoiceRef {
     pub period: String,
     pub status: Status,
     pub number: Option<i64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Lookup {
     pub request: RequestRecord,
     pub invoice: InvoiceRef,

@@ -52,6 +52,15 @@ async fn known_tenant(state: &AppState, tenant: &str) -> Result<drafts::Tenant, 
         .ok_or(BillingError::NotFound)
 }
 
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/invoices/{period}", params(("tenant" = String, Path), ("period" = String, Path, description = "YYYY-MM")),
+    responses(
+        (status = 200, description = "the finalized invoice, or a fresh draft", body = crate::invoice::Invoice),
+        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn get_invoice(
     State(state): State<AppState>,
     who: Principal,
@@ -64,6 +73,16 @@ pub async fn get_invoice(
     Ok(Json(invoice).into_response())
 }
 
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/invoices/{period}/finalize", params(("tenant" = String, Path), ("period" = String, Path, description = "YYYY-MM")),
+    responses(
+        (status = 200, description = "the finalized invoice (the same one when called again)", body = crate::invoice::Invoice),
+        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+        (status = 409, description = "the month has not ended", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn finalize_invoice(
     State(state): State<AppState>,
     who: Principal,
@@ -83,11 +102,21 @@ pub async fn finalize_invoice(
     Ok(Json(invoice).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 pub struct VoidBody {
     reason: String,
 }
 
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/invoices/{period}/void", params(("tenant" = String, Path), ("period" = String, Path, description = "YYYY-MM")), request_body = VoidBody,
+    responses(
+        (status = 200, description = "the voided invoice", body = crate::invoice::Invoice),
+        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+        (status = 409, description = "no finalized invoice for the month", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn void_invoice(
     State(state): State<AppState>,
     who: Principal,
@@ -108,12 +137,25 @@ pub async fn void_invoice(
     Ok(Json(invoice).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ShadowQuery {
+    /// YYYY-MM; the current month in the tenant's zone when absent.
     period: Option<String>,
+    /// Share of peak usage to imagine moved off-peak, 0..1 (default 0.25).
+    #[param(value_type = Option<String>)]
     shift: Option<Decimal>,
 }
 
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/shadow-bill", params(("tenant" = String, Path), ShadowQuery),
+    responses(
+        (status = 200, description = "what the tenant would pay", body = crate::shadow::ShadowBill),
+        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn shadow_bill(
     State(state): State<AppState>,
     who: Principal,
@@ -139,7 +181,8 @@ pub async fn shadow_bill(
     Ok(Json(bill).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     period: String,
     format: Option<String>,
@@ -148,6 +191,15 @@ pub struct ListQuery {
 }
 
 /// Every tenant's invoice for a month, a page at a time (cursor = last tenant id).
+#[utoipa::path(get, path = "/v1/invoices", params(ListQuery),
+    responses(
+        (status = 200, description = "a page of invoices (JSON, or CSV with format=csv and the next cursor in X-Next-Cursor)"),
+        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn list_invoices(
     State(state): State<AppState>,
     who: Principal,
@@ -185,12 +237,22 @@ pub async fn list_invoices(
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct FocusQuery {
     period: String,
 }
 
 /// The FOCUS cost-and-usage dataset for a month, every tenant, as CSV.
+#[utoipa::path(get, path = "/v1/exports/focus", params(FocusQuery),
+    responses(
+        (status = 200, description = "the FOCUS cost-and-usage dataset as CSV", content_type = "text/csv"),
+        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn focus_export(
     State(state): State<AppState>,
     who: Principal,
@@ -216,6 +278,15 @@ fn csv_response(body: String, next: Option<String>) -> Response {
     res
 }
 
+#[utoipa::path(get, path = "/v1/requests/{request_id}", params(("request_id" = String, Path, description = "the X-Request-Id, req_ + UUID")),
+    responses(
+        (status = 200, description = "the request and its invoice, without money", body = crate::lookup::Lookup),
+        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn lookup_request(
     State(state): State<AppState>,
     who: Principal,
@@ -241,6 +312,15 @@ pub async fn lookup_request(
 }
 
 /// Loads a price book (YAML body).
+#[utoipa::path(post, path = "/v1/price-books", request_body(content = String, content_type = "application/yaml", description = "a price book in YAML"),
+    responses(
+        (status = 200, description = "loaded"),
+        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn put_price_book(
     State(state): State<AppState>,
     who: Principal,

@@ -62,6 +62,15 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/requests/{request_id}", get(routes::lookup_request))
         .route("/v1/price-books", post(routes::put_price_book))
         .route("/metrics", get(crate::cost_metrics::metrics))
+        .route(
+            "/openapi.json",
+            get(|| async {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    crate::openapi::document(),
+                )
+            }),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state)
 }

@@ -20,7 +20,7 @@ use crate::invoice::Invoice;
 use crate::period::Month;
 use crate::rating::{cents, rate, UsageGroup};
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ShadowBill {
     pub tenant_id: String,
     pub period: String,
@@ -39,7 +39,7 @@ pub struct ShadowBill {
     pub shift: ShiftSaving,
 }
 
-#[derive(Debug, Default, Clone, Copy, Serialize)]
+#[derive(Debug, Default, Clone, Copy, Serialize, utoipa::ToSchema)]
 pub struct Amount {
     pub requests: i64,
     #[serde(with = "rust_decimal::serde::str")]
@@ -53,7 +53,7 @@ impl Amount {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ShiftSaving {
     /// The share of peak usage moved off-peak, 0..1.
     #[serde(with = "rust_decimal::serde::str")]

@@ -16,13 +16,16 @@ use crate::service::AppState;
 /// The longest range one call may ask for.
 const MAX_RANGE_DAYS: i64 = 366;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct Range {
+    /// RFC 3339, inclusive.
     from: String,
+    /// RFC 3339, exclusive.
     to: String,
 }
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct HourRow {
     pub hour: DateTime<Utc>,
     pub model: String,
@@ -39,7 +42,7 @@ pub struct HourRow {
     pub errored_requests: i64,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct Totals {
     pub requests: i64,
     pub prompt_tokens: i64,
@@ -49,7 +52,7 @@ pub struct Totals {
     pub gpu_seconds: Decimal,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct UsageResponse {
     pub tenant_id: String,
     pub from: DateTime<Utc>,
@@ -68,6 +71,17 @@ fn parse_time(name: &str, value: &str) -> Result<DateTime<Utc>, BillingError> {
         })
 }
 
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/usage",
+    params(("tenant" = String, Path), Range),
+    responses(
+        (status = 200, description = "hourly usage rows and totals", body = UsageResponse),
+        (status = 400, description = "bad range", body = crate::openapi::ErrorBody),
+        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn tenant_usage(
     State(state): State<AppState>,
     who: Principal,

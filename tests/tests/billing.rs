@@ -211,12 +211,23 @@ async fn reference_figures_overhead_and_off_peak_to_the_cent() {
         assert_eq!(dec(&inv["total"]), sum, "total is the sum of the lines");
     }
     // Cost tools see the same figures.
-    let metrics = b.client.get(format!("{}/metrics", b.url)).send().await.unwrap().text().await.unwrap();
+    let metrics = b
+        .client
+        .get(format!("{}/metrics", b.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for line in [
         r#"gpu_seconds_total{tenant="p1-team"} 44640000"#,
         r#"preemption_waste_seconds_total{tenant="p1-team"} 0"#,
     ] {
-        assert!(metrics.lines().any(|l| l.starts_with(line)), "missing {line} in\n{metrics}");
+        assert!(
+            metrics.lines().any(|l| l.starts_with(line)),
+            "missing {line} in\n{metrics}"
+        );
     }
     assert!(metrics.contains("# TYPE request_cost_dollars_total counter"));
     // The same inputs give the same invoice, byte for byte.
@@ -599,6 +610,17 @@ async fn every_endpoint_for_every_role() {
         .unwrap();
     assert_eq!(res.status(), 400);
     assert!(res.text().await.unwrap().contains("Nowhere/Land"));
+    // The served contract is the committed one.
+    let served = b
+        .client
+        .get(format!("{}/openapi.json", b.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(served, include_str!("../../billing-api/openapi.json"));
     // Reads of money are audited; refusals are not reads.
     let (reads,): (i64,) = sqlx::query_as("SELECT count(*) FROM audit_log WHERE token_id = 'lead'")
         .fetch_one(&b.pool)

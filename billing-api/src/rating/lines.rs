@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::rating::price_book::PriceBook;
 
 /// How a tenant is charged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BillingMode {
     /// External API customers: tokens by kind.
@@ -47,7 +47,9 @@ pub struct UsageGroup {
     pub gpu_seconds: Decimal,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum LineKind {
     Usage,
@@ -57,7 +59,7 @@ pub enum LineKind {
 }
 
 /// One invoice line.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Line {
     pub kind: LineKind,
     pub description: String,
