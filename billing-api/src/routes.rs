@@ -241,12 +241,14 @@ pub async fn list_invoices(
 #[into_params(parameter_in = Query)]
 pub struct FocusQuery {
     period: String,
+    /// csv (default) or parquet.
+    format: Option<String>,
 }
 
 /// The FOCUS cost-and-usage dataset for a month, every tenant, as CSV.
 #[utoipa::path(get, path = "/v1/exports/focus", params(FocusQuery),
     responses(
-        (status = 200, description = "the FOCUS cost-and-usage dataset as CSV", content_type = "text/csv"),
+        (status = 200, description = "the FOCUS cost-and-usage dataset as CSV (or Parquet with format=parquet)", content_type = "text/csv"),
         (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
         (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
         (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
@@ -267,7 +269,23 @@ pub async fn focus_export(
         .collect();
     let invoices = lifecycle::current_many(&state.pool, month, &ids).await?;
     audit(&state.pool, &who, "export_focus", None).await?;
-    Ok(csv_response(export::focus_csv(&invoices)?, None))
+    match q.format.as_deref().unwrap_or("csv") {
+        "csv" => Ok(csv_response(export::focus_csv(&invoices)?, None)),
+        "parquet" => Ok((
+            [
+                (header::CONTENT_TYPE, "application/vnd.apache.parquet"),
+                (
+                    header::CONTENT_DISPOSITION,
+                    "attachment; filename=\"focus.parquet\"",
+                ),
+            ],
+            export::focus_parquet(&invoices)?,
+        )
+            .into_response()),
+        other => Err(BillingError::BadRequest(format!(
+            "format {other:?}: use csv or parquet"
+        ))),
+    }
 }
 
 fn csv_response(body: String, next: Option<String>) -> Response {

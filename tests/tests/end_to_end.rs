@@ -338,7 +338,7 @@ async fn team_lead_cannot_see_other_tenant() {
             .await
             .unwrap()
             .status(),
-        404
+        403
     );
     assert_eq!(get("acme-corp", "not-a-token").await.unwrap().status(), 401);
     assert_eq!(get("acme-corp", FINANCE_TOKEN).await.unwrap().status(), 200);
