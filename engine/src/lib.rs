@@ -1,23 +1,49 @@
 //! The GPU engine, simulated.
 //!
 //! No GPU is available where Meterline is developed, so the engine is a
-//! simulator with a physical cost model. It answers completions with
-//! deterministic text and reports what a real engine would: token counts
-//! from a real BPE tokenizer, time to first token, and the GPU-seconds the
-//! request used, exact to the microsecond.
+//! simulator with a physical cost model that behaves like vLLM from the
+//! outside: continuous batching over paged KV blocks, chunked prefill,
+//! preemption with recompute, a per-tenant prefix cache, admission by KV
+//! occupancy and class, and an OpenAI-compatible HTTP API with vLLM's
+//! metric names. Its purpose is honest GPU-seconds for chargeback.
 //!
 //! Layout:
-//! - [`profile`]: model profiles (GPUs per replica, prefill and decode rates)
-//! - [`tokenizer`]: prompt token counting with a real BPE vocabulary
-//! - [`simulator`]: the in-process engine the gateway calls
+//! - [`profile`]: model profiles as configuration, and the roofline cost model
+//! - [`tokenizer`]: prompt tokens with a real BPE vocabulary, block hashes
+//! - [`kv`]: paged KV block accounting and occupancy
+//! - [`prefix_cache`]: cached prompt blocks keyed by tenant, version and hash
+//! - [`scheduler`]: continuous batching, chunked prefill, preemption, admission classes
+//! - [`attribution`]: exact split of each step's GPU time among its requests
+//! - [`replica`]: one replica stepping on a virtual clock, emitting events
+//! - [`clock`]: virtual runs for tests and benchmarks, wall-clock pacing for the demo
+//! - [`simulator`]: the in-process engine (one replica task per model) the gateway calls
+//! - [`metrics`]: Prometheus exposition under vLLM's names
+//! - [`server`]: the OpenAI-compatible HTTP API (`engine` binary, port 8081)
+//! - [`error`]: the crate's error enum and its HTTP status codes
 //!
-//! This is the walking-skeleton engine: one request is costed as if it ran
-//! alone on its replica. Continuous batching, paged KV, the prefix cache and
-//! admission by KV occupancy are the next step (see the engine issue).
+//! Invariants:
+//! - Every busy microsecond of a replica, times its GPUs, is attributed to
+//!   exactly one request, in integer micro-GPU-seconds: the attributed sum
+//!   equals busy GPU-seconds exactly. Idle time is counted apart.
+//! - A prefix-cache lookup only ever sees the caller's own tenant's entries.
+//! - `cached_tokens < prompt_tokens` (at least one prompt token is computed).
+//! - A replica is deterministic: the same timeline gives the same outcomes.
 
+pub mod attribution;
+pub mod clock;
+pub mod error;
+pub mod kv;
+pub mod metrics;
+pub mod prefix_cache;
 pub mod profile;
+pub mod replica;
+pub mod scheduler;
+pub mod server;
 pub mod simulator;
 pub mod tokenizer;
 
+pub use error::EngineError;
 pub use profile::ModelProfile;
-pub use simulator::{Completion, CompletionRequest, EngineError, Simulator};
+pub use replica::{Outcome, Replica, SeqRequest};
+pub use scheduler::ServiceClass;
+pub use simulator::{Completion, CompletionRequest, Generation, Piece, Simulator};

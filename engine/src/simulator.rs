@@ -1,13 +1,26 @@
-//! The in-process engine: costs a request with its model profile and
-//! produces deterministic text.
+//! The in-process engine the gateway and the HTTP server call: one replica
+//! task per model, each owning a [`Replica`] paced by a [`Pacer`]. A call
+//! tokenizes the prompt, plans the deterministic answer, submits it to the
+//! model's replica and awaits its tokens and outcome. Dropping a
+//! [`Generation`] before it finished cancels the request on the replica
+//! (the client went away); the GPU time it used stays attributed to it.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rust_decimal::Decimal;
+use tokio::sync::{mpsc, oneshot};
 
+use crate::attribution::to_gpu_seconds;
+use crate::clock::Pacer;
+use crate::error::EngineError;
+use crate::metrics::ReplicaSnapshot;
 use crate::profile::ModelProfile;
+use crate::replica::{Event, Outcome, Replica, SeqRequest};
+use crate::scheduler::{SeqId, ServiceClass};
 use crate::tokenizer;
 
 /// Words that are one cl100k token each when preceded by a space, so the
@@ -17,8 +30,9 @@ const WORDS: &[&str] = &[
     " meter", " each", " request", " once", " cost", " per", " hour", " off", " peak",
 ];
 
-/// What the engine needs to know about a request. No tenant, no price.
-#[derive(Debug, Clone)]
+/// What the engine needs to know about a request. No price, no plan: the
+/// tenant only keys the prefix cache, the class only gates admission.
+#[derive(Debug, Clone, Default)]
 pub struct CompletionRequest {
     pub model: String,
     /// The prompt as the engine sees it (the chat messages, flattened).
@@ -26,6 +40,9 @@ pub struct CompletionRequest {
     pub max_tokens: Option<u32>,
     /// Seeds the generated text: same seed and prompt, same answer.
     pub seed: u64,
+    /// Whose prefix-cache entries this request may use and fill.
+    pub tenant_id: String,
+    pub class: ServiceClass,
 }
 
 /// What a finished request used.
@@ -38,40 +55,86 @@ pub struct Completion {
     pub completion_tokens: u64,
     /// True when `max_tokens` cut the answer short.
     pub length_capped: bool,
-    /// Simulated time to first token and total time.
+    /// Simulated time to first token and total time, queueing included.
     pub ttft: Duration,
     pub total: Duration,
-    /// GPU time attributed to the request: busy time × the replica's GPUs.
+    /// GPU time attributed to the request (its share of every step it was in).
     pub gpu_seconds: Decimal,
+    /// The part of `gpu_seconds` thrown away by preemptions.
+    pub preempted_gpu_seconds: Decimal,
     pub replica_id: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EngineError {
-    #[error("model {0:?} is not served")]
-    UnknownModel(String),
-    #[error(
-        "prompt of {prompt} tokens plus {output} output tokens exceeds the context of {limit}"
-    )]
-    ContextTooLong {
-        prompt: u64,
-        output: u64,
-        limit: u32,
-    },
+/// What a running generation reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Token(&'static str),
+    Done(Completion),
 }
 
-/// The simulated engine. `speedup` divides real sleeping time (1 = real
+enum Command {
+    Submit {
+        tenant: String,
+        req: SeqRequest,
+        reply: oneshot::Sender<Result<SeqId, EngineError>>,
+        updates: mpsc::UnboundedSender<Event>,
+    },
+    Cancel(SeqId),
+}
+
+struct ReplicaHandle {
+    profile: ModelProfile,
+    replica_id: String,
+    tx: OnceLock<Result<mpsc::UnboundedSender<Command>, EngineError>>,
+    snapshot: Arc<Mutex<ReplicaSnapshot>>,
+}
+
+/// The simulated engine. `speedup` divides real waiting time (1 = real
 /// time; 0 = answer at once), never the reported figures.
-#[derive(Debug, Clone)]
 pub struct Simulator {
     profiles: Vec<ModelProfile>,
+    replicas: Vec<ReplicaHandle>,
     speedup: u32,
 }
 
+impl std::fmt::Debug for Simulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simulator")
+            .field("models", &self.profiles.len())
+            .field("speedup", &self.speedup)
+            .finish()
+    }
+}
+
 impl Simulator {
+    /// An engine serving `profiles`; replica tasks start on first use.
     pub fn new(profiles: Vec<ModelProfile>, speedup: u32) -> Self {
         tokenizer::warm_up();
-        Self { profiles, speedup }
+        let replicas = profiles
+            .iter()
+            .map(|p| ReplicaHandle {
+                profile: p.clone(),
+                replica_id: format!("{}-r0", p.name),
+                tx: OnceLock::new(),
+                snapshot: Arc::new(Mutex::new(ReplicaSnapshot {
+                    model: p.name.clone(),
+                    replica_id: format!("{}-r0", p.name),
+                    gpus: u64::from(p.gpus),
+                    ..ReplicaSnapshot::default()
+                })),
+            })
+            .collect();
+        Self {
+            profiles,
+            replicas,
+            speedup,
+        }
+    }
+
+    /// Like [`Simulator::new`], but rejects invalid profiles up front.
+    pub fn try_new(profiles: Vec<ModelProfile>, speedup: u32) -> Result<Self, EngineError> {
+        ModelProfile::validate_all(&profiles)?;
+        Ok(Self::new(profiles, speedup))
     }
 
     pub fn models(&self) -> &[ModelProfile] {
@@ -82,110 +145,249 @@ impl Simulator {
         self.profiles.iter().find(|p| p.name == model)
     }
 
-    /// Costs and answers one request without waiting.
-    pub fn plan(&self, req: &CompletionRequest) -> Result<Completion, EngineError> {
-        let profile = self
-            .profile(&req.model)
+    /// The current figures of every replica, for `/metrics`.
+    pub fn snapshots(&self) -> Vec<ReplicaSnapshot> {
+        self.replicas
+            .iter()
+            .filter_map(|r| r.snapshot.lock().ok().map(|s| s.clone()))
+            .collect()
+    }
+
+    fn sender(
+        &self,
+        handle: &ReplicaHandle,
+    ) -> Result<mpsc::UnboundedSender<Command>, EngineError> {
+        handle
+            .tx
+            .get_or_init(|| {
+                let replica = Replica::new(&handle.profile, handle.replica_id.clone())?;
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(drive(replica, rx, handle.snapshot.clone(), self.speedup));
+                Ok(tx)
+            })
+            .clone()
+    }
+
+    /// Admits a request and returns its running generation, or
+    /// [`EngineError::NoCapacity`] when the replica is too full for its class.
+    pub async fn start(
+        &self,
+        req: &CompletionRequest,
+        stream: bool,
+    ) -> Result<Generation, EngineError> {
+        let handle = self
+            .replicas
+            .iter()
+            .find(|r| r.profile.name == req.model)
             .ok_or_else(|| EngineError::UnknownModel(req.model.clone()))?;
-        let prompt_tokens = tokenizer::count(&req.prompt);
+        let tokens = tokenizer::encode(&req.prompt);
+        let prompt_tokens = tokens.len() as u64;
         let mut rng = StdRng::seed_from_u64(req.seed ^ prompt_tokens.rotate_left(17));
-        let natural: u64 = rng.random_range(16..=600);
-        let cap = u64::from(req.max_tokens.unwrap_or(u32::MAX));
-        let completion_tokens = natural.min(cap);
-        let room = u64::from(profile.max_context).saturating_sub(prompt_tokens);
-        if completion_tokens > room {
+        let natural: u32 = rng.random_range(16..=600);
+        let output = natural.min(req.max_tokens.unwrap_or(u32::MAX));
+        let room = u64::from(handle.profile.max_context).saturating_sub(prompt_tokens);
+        if u64::from(output) > room {
             return Err(EngineError::ContextTooLong {
                 prompt: prompt_tokens,
-                output: completion_tokens,
-                limit: profile.max_context,
+                output: output.into(),
+                limit: handle.profile.max_context,
             });
         }
-        let mut text = String::with_capacity(completion_tokens as usize * 6);
-        for _ in 0..completion_tokens {
-            text.push_str(WORDS[rng.random_range(0..WORDS.len())]);
-        }
-        let prefill = profile.prefill_micros(prompt_tokens);
-        let decode = completion_tokens.saturating_mul(profile.decode_step_micros);
-        // The first decode step produces the first token.
-        let ttft = prefill + profile.decode_step_micros.min(decode);
-        let busy = prefill + decode;
-        let gpu_micros = busy.saturating_mul(u64::from(profile.gpus));
-        Ok(Completion {
-            model_version: profile.version.clone(),
-            text,
-            prompt_tokens,
-            cached_tokens: 0,
-            completion_tokens,
-            length_capped: completion_tokens < natural,
-            ttft: Duration::from_micros(ttft),
-            total: Duration::from_micros(busy),
-            gpu_seconds: Decimal::new(gpu_micros as i64, 6),
-            replica_id: format!("{}-r0", profile.name),
+        let words = (0..output)
+            .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+            .collect();
+        let seq = SeqRequest {
+            class: req.class,
+            prompt_tokens: prompt_tokens as u32,
+            blocks: tokenizer::block_hashes(&handle.profile.version, &tokens),
+            output_tokens: output,
+            capped: output < natural,
+            stream,
+        };
+        let tx = self.sender(handle)?;
+        let stopped = || EngineError::Stopped(req.model.clone());
+        let (reply, admitted) = oneshot::channel();
+        let (updates, rx) = mpsc::unbounded_channel();
+        tx.send(Command::Submit {
+            tenant: req.tenant_id.clone(),
+            req: seq,
+            reply,
+            updates,
+        })
+        .map_err(|_| stopped())?;
+        let id = admitted.await.map_err(|_| stopped())??;
+        Ok(Generation {
+            model_version: handle.profile.version.clone(),
+            replica_id: handle.replica_id.clone(),
+            words,
+            rx,
+            cancel: Some((tx, id)),
+            model: req.model.clone(),
         })
     }
 
-    /// Answers a request, taking (simulated time / speedup) of real time.
+    /// Answers a request once it has finished.
     pub async fn complete(&self, req: &CompletionRequest) -> Result<Completion, EngineError> {
-        let done = self.plan(req)?;
-        if self.speedup > 0 {
-            tokio::time::sleep(done.total / self.speedup).await;
-        }
-        Ok(done)
+        self.start(req, false).await?.finish().await
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A request running on a replica. Dropping it unfinished cancels it.
+pub struct Generation {
+    model_version: String,
+    replica_id: String,
+    model: String,
+    words: Vec<&'static str>,
+    rx: mpsc::UnboundedReceiver<Event>,
+    cancel: Option<(mpsc::UnboundedSender<Command>, SeqId)>,
+}
 
-    fn sim() -> Simulator {
-        Simulator::new(ModelProfile::reference(), 0)
-    }
-
-    fn req(prompt: &str, max_tokens: Option<u32>) -> CompletionRequest {
-        CompletionRequest {
-            model: "llama-3.1-70b".into(),
-            prompt: prompt.into(),
-            max_tokens,
-            seed: 7,
+impl Generation {
+    /// The next token (streaming generations only) or the final completion.
+    pub async fn next(&mut self) -> Result<Piece, EngineError> {
+        match self.rx.recv().await {
+            Some(Event::Token { index, .. }) => Ok(Piece::Token(
+                self.words.get(index as usize).copied().unwrap_or(""),
+            )),
+            Some(Event::Finished(o)) => {
+                self.cancel = None;
+                Ok(Piece::Done(self.completion(&o)))
+            }
+            None => Err(EngineError::Stopped(self.model.clone())),
         }
     }
 
-    #[test]
-    fn same_seed_same_answer() {
-        let a = sim().plan(&req("tell me about GPUs", None)).unwrap();
-        let b = sim().plan(&req("tell me about GPUs", None)).unwrap();
-        assert_eq!(a, b);
+    /// Waits for the completion, skipping tokens.
+    pub async fn finish(mut self) -> Result<Completion, EngineError> {
+        loop {
+            if let Piece::Done(c) = self.next().await? {
+                return Ok(c);
+            }
+        }
     }
 
-    #[test]
-    fn completion_tokens_are_the_tokens_of_the_text() {
-        let c = sim().plan(&req("count me", Some(50))).unwrap();
-        assert_eq!(tokenizer::count(&c.text), c.completion_tokens);
+    fn completion(&self, o: &Outcome) -> Completion {
+        let n = (o.completion_tokens as usize).min(self.words.len());
+        let first = o.first_token_at.unwrap_or(o.finished_at);
+        Completion {
+            model_version: self.model_version.clone(),
+            text: self.words[..n].concat(),
+            prompt_tokens: o.prompt_tokens.into(),
+            cached_tokens: o.cached_tokens.into(),
+            completion_tokens: o.completion_tokens.into(),
+            length_capped: o.finish == crate::replica::Finish::Length,
+            ttft: Duration::from_micros(first.saturating_sub(o.arrived_at)),
+            total: Duration::from_micros(o.finished_at.saturating_sub(o.arrived_at)),
+            gpu_seconds: to_gpu_seconds(o.gpu_micros),
+            preempted_gpu_seconds: to_gpu_seconds(o.preempted_micros),
+            replica_id: self.replica_id.clone(),
+        }
     }
+}
 
-    #[test]
-    fn max_tokens_caps_and_says_so() {
-        let c = sim().plan(&req("a long answer please", Some(3))).unwrap();
-        assert_eq!(c.completion_tokens, 3);
-        assert!(c.length_capped);
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if let Some((tx, id)) = self.cancel.take() {
+            let _ = tx.send(Command::Cancel(id));
+        }
     }
+}
 
-    #[test]
-    fn gpu_seconds_are_busy_time_times_gpus() {
-        let c = sim().plan(&req("hello", Some(10))).unwrap();
-        let busy = Decimal::from(c.total.as_micros() as i64) / Decimal::from(1_000_000);
-        assert_eq!(c.gpu_seconds, busy * Decimal::from(4));
-        assert!(c.gpu_seconds.scale() <= 6);
+/// The replica task: takes commands, runs steps paced to the wall clock,
+/// hands tokens and outcomes to their requests.
+async fn drive(
+    mut replica: Replica,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+    snapshot: Arc<Mutex<ReplicaSnapshot>>,
+    speedup: u32,
+) {
+    let pacer = Pacer::new(speedup);
+    let mut subscribers: HashMap<SeqId, mpsc::UnboundedSender<Event>> = HashMap::new();
+    loop {
+        if !replica.has_work() {
+            publish(&replica, &snapshot);
+            let Some(cmd) = rx.recv().await else {
+                return;
+            };
+            if let Some(now) = pacer.virtual_now() {
+                replica.advance_idle(now);
+            }
+            handle(&mut replica, &mut subscribers, cmd);
+        }
+        while let Ok(cmd) = rx.try_recv() {
+            handle(&mut replica, &mut subscribers, cmd);
+        }
+        if replica.step().is_none() {
+            // Nothing can run until something changes.
+            publish(&replica, &snapshot);
+            let Some(cmd) = rx.recv().await else {
+                return;
+            };
+            handle(&mut replica, &mut subscribers, cmd);
+            continue;
+        }
+        pacer.wait_until(replica.now()).await;
+        if speedup == 0 {
+            tokio::task::yield_now().await;
+        }
+        let mut gone = Vec::new();
+        for event in replica.drain_events() {
+            let id = match &event {
+                Event::Token { id, .. } => *id,
+                Event::Finished(o) => o.id,
+            };
+            let finished = matches!(event, Event::Finished(_));
+            let delivered = subscribers
+                .get(&id)
+                .is_some_and(|tx| tx.send(event).is_ok());
+            if finished {
+                subscribers.remove(&id);
+            } else if !delivered {
+                gone.push(id);
+            }
+        }
+        for id in gone {
+            subscribers.remove(&id);
+            replica.cancel(id);
+            replica.drain_events().for_each(drop);
+        }
+        publish(&replica, &snapshot);
     }
+}
 
-    #[test]
-    fn unknown_model_is_an_error() {
-        let mut r = req("x", None);
-        r.model = "gpt-9".into();
-        assert_eq!(
-            sim().plan(&r),
-            Err(EngineError::UnknownModel("gpt-9".into()))
-        );
+fn handle(
+    replica: &mut Replica,
+    subscribers: &mut HashMap<SeqId, mpsc::UnboundedSender<Event>>,
+    cmd: Command,
+) {
+    match cmd {
+        Command::Submit {
+            tenant,
+            req,
+            reply,
+            updates,
+        } => {
+            let now = replica.now();
+            let result = replica.submit(&tenant, req, now);
+            if let Ok(id) = result {
+                subscribers.insert(id, updates);
+            }
+            if reply.send(result.clone()).is_err() {
+                if let Ok(id) = result {
+                    subscribers.remove(&id);
+                    replica.cancel(id);
+                }
+            }
+        }
+        Command::Cancel(id) => {
+            subscribers.remove(&id);
+            replica.cancel(id);
+        }
+    }
+}
+
+fn publish(replica: &Replica, snapshot: &Mutex<ReplicaSnapshot>) {
+    if let Ok(mut s) = snapshot.lock() {
+        *s = ReplicaSnapshot::of(replica);
     }
 }

@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::{Extension, Json};
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use engine::CompletionRequest;
+use engine::{CompletionRequest, EngineError, ServiceClass};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use usage_contract::{FinishReason, RequestId, UsageEvent, SCHEMA_VERSION};
@@ -126,11 +126,19 @@ pub async fn completions(
             prompt,
             max_tokens,
             seed: req.seed.unwrap_or(0),
+            tenant_id: caller.tenant_id.clone(),
+            class: ServiceClass::from_priority(caller.priority),
         })
         .await
-        .map_err(|e| GatewayError::InvalidParam {
-            param: "messages",
-            message: e.to_string(),
+        .map_err(|e| match e {
+            EngineError::NoCapacity { .. } => GatewayError::NoCapacity(e.to_string()),
+            EngineError::Stopped(_) | EngineError::Profile(_) => {
+                GatewayError::Engine(e.to_string())
+            }
+            _ => GatewayError::InvalidParam {
+                param: "messages",
+                message: e.to_string(),
+            },
         })?;
     let finished_at = now_ms().max(started_at);
     let finish_reason = if done.length_capped {
@@ -160,7 +168,7 @@ pub async fn completions(
         cached_tokens: done.cached_tokens as i64,
         completion_tokens: done.completion_tokens as i64,
         gpu_seconds: done.gpu_seconds,
-        preempted_gpu_seconds: rust_decimal::Decimal::ZERO,
+        preempted_gpu_seconds: done.preempted_gpu_seconds,
         finish_reason,
         ttft_ms: Some(ttft_ms),
         tpot_ms,

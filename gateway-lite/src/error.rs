@@ -34,6 +34,11 @@ pub enum GatewayError {
     Schema(#[from] schema::SchemaError),
     #[error("engine: {0}")]
     Engine(String),
+    /// The engine's replica is too full for this tenant's class.
+    #[error(
+        "the model is at capacity for this request's class; retry after the Retry-After interval"
+    )]
+    NoCapacity(String),
 }
 
 impl GatewayError {
@@ -42,7 +47,7 @@ impl GatewayError {
             Self::MissingKey | Self::InvalidKey => StatusCode::UNAUTHORIZED,
             Self::BadRequest(_) | Self::InvalidParam { .. } => StatusCode::BAD_REQUEST,
             Self::UnknownModel(_) => StatusCode::NOT_FOUND,
-            Self::Outbox(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Outbox(_) | Self::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Config(_)
             | Self::Database(_)
             | Self::Kafka(_)
@@ -60,6 +65,7 @@ impl GatewayError {
             Self::BadRequest(_) | Self::InvalidParam { .. } => ("invalid_request_error", None),
             Self::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
             Self::Outbox(_) => ("server_error", Some("usage_not_recorded")),
+            Self::NoCapacity(_) => ("server_error", Some("no_capacity")),
             Self::Config(_)
             | Self::Database(_)
             | Self::Kafka(_)
@@ -73,18 +79,35 @@ impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let status = self.status_code();
         let (kind, code) = self.kind();
-        let message = if status.is_server_error() && !matches!(self, Self::Outbox(_)) {
-            tracing::error!(error = %self, "request failed");
-            "the server had an error while processing your request".to_owned()
-        } else {
-            self.to_string()
-        };
+        let message =
+            if status.is_server_error() && !matches!(self, Self::Outbox(_) | Self::NoCapacity(_)) {
+                tracing::error!(error = %self, "request failed");
+                "the server had an error while processing your request".to_owned()
+            } else {
+                self.to_string()
+            };
         let param = match &self {
             Self::InvalidParam { param, .. } => Some(*param),
             _ => None,
         };
         let body =
             json!({"error": {"message": message, "type": kind, "param": param, "code": code}});
-        (status, Json(body)).into_response()
+        let mut res = (status, Json(body)).into_response();
+        if let Self::NoCapacity(detail) = &self {
+            tracing::warn!(detail = %detail, "engine has no capacity");
+            res.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(retry_after_secs()),
+            );
+        }
+        res
     }
+}
+
+/// 1 to 3 seconds, jittered so rejected clients do not retry in lockstep.
+fn retry_after_secs() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    1 + u64::from(nanos) % 3
 }

@@ -1,0 +1,44 @@
+//! The engine's errors, one enum for the crate. HTTP status codes are
+//! chosen in one place, [`EngineError::status_code`].
+
+use axum::http::StatusCode;
+
+use crate::profile::ProfileError;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    #[error("model {0:?} is not served")]
+    UnknownModel(String),
+    #[error(
+        "prompt of {prompt} tokens plus {output} output tokens exceeds the context of {limit}"
+    )]
+    ContextTooLong {
+        prompt: u64,
+        output: u64,
+        limit: u32,
+    },
+    /// KV occupancy is at or above the class's admission threshold.
+    #[error("no capacity on {model} for {class} requests: KV cache {occupancy_percent}% full")]
+    NoCapacity {
+        model: String,
+        class: &'static str,
+        occupancy_percent: u64,
+    },
+    #[error("request body is not valid: {0}")]
+    BadRequest(String),
+    #[error("the replica of {0:?} stopped")]
+    Stopped(String),
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+}
+
+impl EngineError {
+    pub fn status_code(&self) -> StatusCode {
+        match self {
+            Self::UnknownModel(_) => StatusCode::NOT_FOUND,
+            Self::ContextTooLong { .. } | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::NoCapacity { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Stopped(_) | Self::Profile(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}

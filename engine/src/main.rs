@@ -1,0 +1,66 @@
+//! `engine`: the simulated GPU engine over HTTP (OpenAI-compatible API and
+//! vLLM-named metrics). Parses config, builds, runs.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use engine::{ModelProfile, Simulator};
+
+/// Settings, each also an environment variable.
+#[derive(Debug, Parser)]
+#[command(
+    name = "engine",
+    about = "Simulated GPU inference engine with an OpenAI-compatible API"
+)]
+struct EngineConfig {
+    /// Listen address.
+    #[arg(long, env = "ENGINE_ADDR", default_value = "127.0.0.1:8081")]
+    addr: SocketAddr,
+    /// YAML or JSON file of model profiles (`profiles: [...]`); the reference profiles if unset.
+    #[arg(long, env = "ENGINE_PROFILES")]
+    profiles: Option<PathBuf>,
+    /// Pacing: 1 = real time, N = N times faster, 0 = no waiting (figures unchanged).
+    #[arg(long, env = "ENGINE_SPEEDUP", default_value_t = 1)]
+    speedup: u32,
+}
+
+impl EngineConfig {
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.speedup > 1_000_000 {
+            bail!(
+                "ENGINE_SPEEDUP must be between 0 and 1000000, got {}",
+                self.speedup
+            );
+        }
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let config = EngineConfig::parse();
+    config.validate()?;
+    let profiles = match &config.profiles {
+        Some(path) => ModelProfile::load(path)?,
+        None => ModelProfile::reference(),
+    };
+    let sim = Arc::new(Simulator::try_new(profiles, config.speedup)?);
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .with_context(|| format!("ENGINE_ADDR {}", config.addr))?;
+    tracing::info!(addr = %config.addr, models = sim.models().len(), "engine listening");
+    engine::server::run(listener, sim, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .context("serving")?;
+    Ok(())
+}

@@ -1,0 +1,281 @@
+//! The OpenAI-compatible HTTP API over a [`Simulator`]:
+//! `POST /v1/chat/completions` (streaming as SSE or not; `usage` with
+//! `prompt_tokens_details.cached_tokens`), `GET /v1/models`, `GET /metrics`
+//! (see [`metrics`](crate::metrics)) and `GET /health`.
+//!
+//! The tenant (prefix-cache key) comes from the `X-Tenant-Id` header and
+//! the admission class from `X-Service-Class` (`best-effort`, `standard`,
+//! `reserved`; default standard). When the client goes away the handler's
+//! future or the SSE stream is dropped, which drops the [`Generation`] and
+//! cancels the request on its replica. Errors use OpenAI's shape; "no
+//! capacity" is 503 with a jittered `Retry-After`.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream;
+use rand::Rng;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+use crate::error::EngineError;
+use crate::scheduler::ServiceClass;
+use crate::simulator::{Completion, CompletionRequest, Generation, Piece, Simulator};
+
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    model: String,
+    messages: Vec<Message>,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    seed: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    content: String,
+}
+
+/// The engine's HTTP API.
+pub fn app(sim: Arc<Simulator>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route("/health", get(|| async { "ok" }))
+        .with_state(sim)
+}
+
+/// Serves `app(sim)` on `listener` until `shutdown` resolves.
+pub async fn run(
+    listener: TcpListener,
+    sim: Arc<Simulator>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app(sim))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+impl IntoResponse for EngineError {
+    fn into_response(self) -> Response {
+        let status = self.status_code();
+        let (kind, code) = match &self {
+            Self::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
+            Self::ContextTooLong { .. } => {
+                ("invalid_request_error", Some("context_length_exceeded"))
+            }
+            Self::BadRequest(_) => ("invalid_request_error", None),
+            Self::NoCapacity { .. } => ("server_error", Some("no_capacity")),
+            Self::Stopped(_) | Self::Profile(_) => ("server_error", None),
+        };
+        let message = if status.is_server_error() && !matches!(self, Self::NoCapacity { .. }) {
+            tracing::error!(error = %self, "request failed");
+            "the server had an error while processing your request".to_owned()
+        } else {
+            self.to_string()
+        };
+        let body =
+            json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+        let mut res = (status, Json(body)).into_response();
+        if matches!(self, Self::NoCapacity { .. }) {
+            let secs = rand::rng().random_range(1..=3u32);
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        res
+    }
+}
+
+async fn models(State(sim): State<Arc<Simulator>>) -> Json<Value> {
+    let data: Vec<Value> = sim
+        .models()
+        .iter()
+        .map(|p| json!({"id": p.name, "object": "model", "created": 0, "owned_by": "meterline", "max_model_len": p.max_context}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn metrics(State(sim): State<Arc<Simulator>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        crate::metrics::render(&sim.snapshots()),
+    )
+}
+
+async fn completions(
+    State(sim): State<Arc<Simulator>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, EngineError> {
+    let req: ChatRequest =
+        serde_json::from_slice(&body).map_err(|e| EngineError::BadRequest(e.to_string()))?;
+    if req.messages.is_empty() {
+        return Err(EngineError::BadRequest("messages must not be empty".into()));
+    }
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let class = match header("x-service-class") {
+        None => ServiceClass::Standard,
+        Some(s) => ServiceClass::parse(s)
+            .ok_or_else(|| EngineError::BadRequest(format!("unknown X-Service-Class {s:?}")))?,
+    };
+    let prompt = req
+        .messages
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let creq = CompletionRequest {
+        model: req.model.clone(),
+        prompt,
+        max_tokens: req.max_completion_tokens.or(req.max_tokens),
+        seed: req.seed.unwrap_or(0),
+        tenant_id: header("x-tenant-id").unwrap_or("anonymous").to_owned(),
+        class,
+    };
+    let id = format!("chatcmpl-{:032x}", rand::random::<u128>());
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let generation = sim.start(&creq, req.stream).await?;
+    if !req.stream {
+        let done = generation.finish().await?;
+        let body = json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": req.model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": done.text},
+                "finish_reason": finish_reason(&done),
+            }],
+            "usage": usage(&done),
+            "meterline": extension(&done),
+        });
+        return Ok(Json(body).into_response());
+    }
+    let state = SseState {
+        generation: Some(generation),
+        pending: VecDeque::new(),
+        chunk: json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": req.model}),
+        include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+        first: true,
+    };
+    let events = stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(ev) = st.pending.pop_front() {
+                return Some((Ok::<_, Infallible>(ev), st));
+            }
+            let generation = st.generation.as_mut()?;
+            match generation.next().await {
+                Ok(Piece::Token(text)) => {
+                    let mut delta = json!({"content": text});
+                    if st.first {
+                        delta["role"] = json!("assistant");
+                        st.first = false;
+                    }
+                    st.push(
+                        json!([{"index": 0, "delta": delta, "finish_reason": null}]),
+                        None,
+                    );
+                }
+                Ok(Piece::Done(done)) => {
+                    let reason = finish_reason(&done);
+                    st.push(
+                        json!([{"index": 0, "delta": {}, "finish_reason": reason}]),
+                        None,
+                    );
+                    if st.include_usage {
+                        st.push(json!([]), Some(&done));
+                    }
+                    st.pending.push_back(Event::default().data("[DONE]"));
+                    st.generation = None;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "stream failed");
+                    let err = json!({"error": {"message": "the server had an error while processing your request", "type": "server_error"}});
+                    st.pending.push_back(Event::default().data(err.to_string()));
+                    st.pending.push_back(Event::default().data("[DONE]"));
+                    st.generation = None;
+                }
+            }
+        }
+    });
+    Ok(Sse::new(events).into_response())
+}
+
+struct SseState {
+    generation: Option<Generation>,
+    pending: VecDeque<Event>,
+    chunk: Value,
+    include_usage: bool,
+    first: bool,
+}
+
+impl SseState {
+    fn push(&mut self, choices: Value, done: Option<&Completion>) {
+        let mut chunk = self.chunk.clone();
+        chunk["choices"] = choices;
+        if let Some(done) = done {
+            chunk["usage"] = usage(done);
+            chunk["meterline"] = extension(done);
+        }
+        self.pending
+            .push_back(Event::default().data(chunk.to_string()));
+    }
+}
+
+fn finish_reason(done: &Completion) -> &'static str {
+    if done.length_capped {
+        "length"
+    } else {
+        "stop"
+    }
+}
+
+fn usage(done: &Completion) -> Value {
+    json!({
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+    })
+}
+
+/// What a real engine cannot tell and Meterline needs: the request's
+/// attributed GPU time, exact to the microsecond, as decimal strings.
+fn extension(done: &Completion) -> Value {
+    json!({
+        "gpu_seconds": done.gpu_seconds.to_string(),
+        "preempted_gpu_seconds": done.preempted_gpu_seconds.to_string(),
+        "model_version": done.model_version,
+        "replica_id": done.replica_id,
+        "ttft_ms": done.ttft.as_millis() as u64,
+        "total_ms": done.total.as_millis() as u64,
+    })
+}
