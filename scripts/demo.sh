@@ -36,6 +36,7 @@ cargo build --quiet --bins
 stop_services
 
 export BILLING_BOOTSTRAP_FINANCE_TOKEN="${BILLING_BOOTSTRAP_FINANCE_TOKEN:-demo-finance-token-0001}"
+export BILLING_PRICE_BOOK_FILE="${BILLING_PRICE_BOOK_FILE:-$ROOT/config/price-book.yaml}"
 export GATEWAY_TENANTS_FILE="${GATEWAY_TENANTS_FILE:-$ROOT/config/tenants.yaml}"
 export GATEWAY_OUTBOX="${GATEWAY_OUTBOX:-$RUN/gateway-outbox.redb}"
 export ENGINE_SPEEDUP="${ENGINE_SPEEDUP:-20}"

@@ -169,6 +169,38 @@ async fn main() -> anyhow::Result<()> {
     if !all_match {
         bail!("billed usage differs from what clients were told");
     }
+
+    // What each tenant's month looks like now: the draft invoice behind its shadow bill.
+    println!();
+    println!(
+        "{:<18} {:>10} {:>16} {:>10} {:>12} {:>12}",
+        "this month", "billed by", "month-to-date", "overhead", "off-peak", "projected"
+    );
+    for (tenant, ..) in TENANTS {
+        let v: Value = client
+            .get(format!("{billing}/v1/tenants/{tenant}/shadow-bill"))
+            .bearer_auth(&token)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let inv = &v["month_to_date"];
+        let text = |v: &Value| v.as_str().unwrap_or("?").to_owned();
+        println!(
+            "{tenant:<18} {:>10} {:>16} {:>10} {:>12} {:>12}{}",
+            text(&inv["billing_mode"]).replace("per_", ""),
+            format!("{} {}", text(&inv["total"]), text(&inv["currency"])),
+            text(&inv["overhead"]),
+            text(&v["off_peak"]["amount"]),
+            text(&v["projected_month_total"]),
+            if inv["shadow"] == true {
+                "  (shadow)"
+            } else {
+                ""
+            },
+        );
+    }
     Ok(())
 }
 
