@@ -36,11 +36,17 @@ impl Splitter {
             shares[0] = total;
             return;
         }
+        let fits = weights.iter().all(|&w| w.checked_mul(total).is_some());
+        // The common case: products fit a u64 and (remainder, position)
+        // packs into one u64 ordered by remainder, then earlier position;
+        // selecting on plain integers is several times faster than on tuples.
+        if fits && sum < 1 << 43 && weights.len() < 1 << 20 {
+            self.split_packed(total, sum as u64, weights, shares);
+            return;
+        }
         let mut given = 0u64;
         self.remainders.clear();
-        let fast = u64::try_from(sum)
-            .ok()
-            .filter(|_| weights.iter().all(|&w| w.checked_mul(total).is_some()));
+        let fast = u64::try_from(sum).ok().filter(|_| fits);
         for (i, (&w, share)) in weights.iter().zip(shares.iter_mut()).enumerate() {
             let (q, r) = match fast {
                 Some(s) => {
@@ -62,25 +68,6 @@ impl Splitter {
             return;
         }
         let n = self.remainders.len();
-        // Usually (remainder, position) packs into one u64 ordered by
-        // remainder, then earlier position: selecting on plain integers is
-        // several times faster than on tuples.
-        if sum < 1 << 43 && n < 1 << 20 {
-            self.packed.clear();
-            self.packed.extend(
-                self.remainders
-                    .iter()
-                    .map(|&(r, i)| ((r as u64) << 20) | u64::from(0xF_FFFF - i)),
-            );
-            if left < n {
-                self.packed
-                    .select_nth_unstable_by(left - 1, |a, b| b.cmp(a));
-            }
-            for &p in &self.packed[..left] {
-                shares[(0xF_FFFF - (p & 0xF_FFFF)) as usize] += 1;
-            }
-            return;
-        }
         let by_remainder = |a: &(u128, u32), b: &(u128, u32)| b.0.cmp(&a.0).then(a.1.cmp(&b.1));
         if left < n {
             self.remainders
@@ -88,6 +75,32 @@ impl Splitter {
         }
         for &(_, i) in &self.remainders[..left] {
             shares[i as usize] += 1;
+        }
+    }
+
+    /// [`split`](Self::split) when every `w × total` fits a u64, `sum` is
+    /// below 2^43 and there are fewer than 2^20 weights: no u128 work, and
+    /// remainders go straight into their packed form.
+    fn split_packed(&mut self, total: u64, sum: u64, weights: &[u64], shares: &mut [u64]) {
+        let mut given = 0u64;
+        self.packed.clear();
+        for (i, (&w, share)) in weights.iter().zip(shares.iter_mut()).enumerate() {
+            let p = w * total;
+            let (q, r) = (p / sum, p % sum);
+            *share = q;
+            given += q;
+            self.packed.push((r << 20) | (0xF_FFFF - i as u64));
+        }
+        let left = (total - given) as usize;
+        if left == 0 {
+            return;
+        }
+        if left < self.packed.len() {
+            self.packed
+                .select_nth_unstable_by(left - 1, |a, b| b.cmp(a));
+        }
+        for &p in &self.packed[..left] {
+            shares[(0xF_FFFF - (p & 0xF_FFFF)) as usize] += 1;
         }
     }
 }
@@ -117,6 +130,40 @@ mod tests {
     #[test]
     fn micros_become_six_place_decimals() {
         assert_eq!(to_gpu_seconds(1_234_567).to_string(), "1.234567");
+    }
+
+    /// The largest-remainder split written the obvious way.
+    fn reference_split(total: u64, weights: &[u64]) -> Vec<u64> {
+        let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
+        let mut shares = Vec::new();
+        let mut rems = Vec::new();
+        for (i, &w) in weights.iter().enumerate() {
+            let p = u128::from(w) * u128::from(total);
+            shares.push((p / sum) as u64);
+            rems.push((p % sum, i));
+        }
+        let left = total - shares.iter().sum::<u64>();
+        rems.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, i) in &rems[..left as usize] {
+            shares[i] += 1;
+        }
+        shares
+    }
+
+    proptest! {
+        #[test]
+        fn every_path_matches_the_reference_split(
+            total in prop_oneof![0u64..2_000, 0u64..50_000_000, 0u64..1 << 40],
+            weights in prop::collection::vec(
+                prop_oneof![1u64..4, 1u64..10_000_000_000, 1u64..1 << 50],
+                1..300,
+            ),
+        ) {
+            let mut s = Splitter::default();
+            let mut shares = vec![0; weights.len()];
+            s.split(total, &weights, &mut shares);
+            prop_assert_eq!(shares, reference_split(total, &weights));
+        }
     }
 
     proptest! {

@@ -8,7 +8,6 @@
 //! - [`Pacer`] paces a replica against the wall clock with a speed factor
 //!   (1 = real time, N = N times faster, 0 = no waiting), for the demo.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -46,7 +45,9 @@ pub struct RunReport {
 pub fn run_virtual(replica: &mut Replica, timeline: Vec<(u64, Input)>) -> RunReport {
     let mut report = RunReport::default();
     let mut seqs: Vec<Option<SeqId>> = Vec::new();
-    let mut index: HashMap<SeqId, usize> = HashMap::new();
+    // (id, arrival) of admitted requests; a replica hands out increasing
+    // ids, so this stays sorted for binary search.
+    let mut index: Vec<(SeqId, usize)> = Vec::new();
     let mut items = timeline.into_iter().peekable();
     loop {
         while let Some((at, _)) = items.peek() {
@@ -63,7 +64,8 @@ pub fn run_virtual(replica: &mut Replica, timeline: Vec<(u64, Input)>) -> RunRep
                     match replica.submit(&tenant, req, at) {
                         Ok(id) => {
                             seqs.push(Some(id));
-                            index.insert(id, n);
+                            debug_assert!(index.last().is_none_or(|&(last, _)| last < id));
+                            index.push((id, n));
                         }
                         Err(_) => {
                             seqs.push(None);
@@ -81,8 +83,8 @@ pub fn run_virtual(replica: &mut Replica, timeline: Vec<(u64, Input)>) -> RunRep
         // Cancellations finish requests too, so collect before deciding.
         for event in replica.drain_events() {
             if let Event::Finished(o) = event {
-                if let Some(&n) = index.get(&o.id) {
-                    report.outcomes[n] = Some(o);
+                if let Ok(k) = index.binary_search_by_key(&o.id, |&(id, _)| id) {
+                    report.outcomes[index[k].1] = Some(o);
                 }
             }
         }

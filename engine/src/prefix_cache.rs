@@ -10,9 +10,6 @@
 //! used unpinned entry. Pinned entries (in use by a running sequence) are
 //! never evicted.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use crate::kv::KvPool;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -20,6 +17,19 @@ pub struct Key {
     pub tenant: u32,
     pub version: u32,
     pub block: u64,
+}
+
+impl Key {
+    /// Keys are already hashes: a cheap mix and splitmix64's finalizer, so
+    /// every input bit reaches the bits the table indexes by.
+    fn hash(&self) -> u32 {
+        let mut z = self.block
+            ^ (u64::from(self.tenant) << 32 | u64::from(self.version))
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 32) as u32
+    }
 }
 
 const NIL: u32 = u32::MAX;
@@ -30,6 +40,8 @@ const TENANT: usize = 1;
 #[derive(Debug, Clone, Copy)]
 struct Node {
     key: Key,
+    /// The key's hash, kept so removal finds its slot without re-hashing.
+    hash: u32,
     /// Running sequences using the entry; it is on the LRU lists iff 0.
     refs: u32,
     prev: [u32; 2],
@@ -51,29 +63,101 @@ impl Default for List {
     }
 }
 
-/// Keys are already hashes: a cheap mix and a finalizer are enough.
-#[derive(Default)]
-pub struct KeyHasher(u64);
+/// One slot of the index: an entry's hash and its node, or empty.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    hash: u32,
+    node: u32,
+}
 
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        // splitmix64's finalizer: every input bit reaches the low bits the
-        // table indexes by.
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+const EMPTY: Slot = Slot { hash: 0, node: NIL };
+
+/// An open-addressing index from keys to nodes: linear probing, at most
+/// 3/4 full, with backward-shift deletion (no tombstones). Slots hold the
+/// hash, so probes compare keys only on a full 32-bit hash match.
+#[derive(Debug, Default)]
+struct Index {
+    slots: Vec<Slot>,
+    len: usize,
+}
+
+impl Index {
+    fn mask(&self) -> usize {
+        self.slots.len().wrapping_sub(1)
     }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
+
+    /// The node holding `key`, if any.
+    fn find(&self, nodes: &[Node], key: &Key, hash: u32) -> Option<u32> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.mask();
+        let mut p = hash as usize & mask;
+        loop {
+            let s = self.slots[p];
+            if s.node == NIL {
+                return None;
+            }
+            if s.hash == hash && nodes[s.node as usize].key == *key {
+                return Some(s.node);
+            }
+            p = (p + 1) & mask;
         }
     }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
+
+    /// Adds a node whose key is not in the index.
+    fn insert(&mut self, hash: u32, node: u32) {
+        if (self.len + 1) * 4 > self.slots.len() * 3 {
+            self.grow();
+        }
+        self.place(Slot { hash, node });
+        self.len += 1;
     }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(29) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+
+    fn place(&mut self, slot: Slot) {
+        let mask = self.mask();
+        let mut p = slot.hash as usize & mask;
+        while self.slots[p].node != NIL {
+            p = (p + 1) & mask;
+        }
+        self.slots[p] = slot;
+    }
+
+    fn grow(&mut self) {
+        let cap = (self.slots.len() * 2).max(1024);
+        let old = std::mem::replace(&mut self.slots, vec![EMPTY; cap]);
+        for s in old {
+            if s.node != NIL {
+                self.place(s);
+            }
+        }
+    }
+
+    /// Removes a node that is in the index.
+    fn remove(&mut self, hash: u32, node: u32) {
+        let mask = self.mask();
+        let mut hole = hash as usize & mask;
+        while self.slots[hole].node != node {
+            debug_assert!(self.slots[hole].node != NIL, "node not indexed");
+            hole = (hole + 1) & mask;
+        }
+        // Shift later members of the probe run back over the hole, unless
+        // that would move one before its home slot.
+        let mut j = (hole + 1) & mask;
+        loop {
+            let s = self.slots[j];
+            if s.node == NIL {
+                break;
+            }
+            let home = s.hash as usize & mask;
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.slots[hole] = s;
+                hole = j;
+            }
+            j = (j + 1) & mask;
+        }
+        self.slots[hole] = EMPTY;
+        self.len -= 1;
     }
 }
 
@@ -93,7 +177,7 @@ pub enum Publish {
 /// (global and per tenant), so every operation is O(1).
 #[derive(Debug, Default)]
 pub struct PrefixCache {
-    map: HashMap<Key, u32, BuildHasherDefault<KeyHasher>>,
+    index: Index,
     nodes: Vec<Node>,
     free_slots: Vec<u32>,
     lru: List,
@@ -112,11 +196,11 @@ impl PrefixCache {
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.index.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.index.len == 0
     }
 
     /// Entries `tenant` holds.
@@ -199,7 +283,7 @@ impl PrefixCache {
                 version,
                 block,
             };
-            let Some(&i) = self.map.get(&key) else {
+            let Some(i) = self.index.find(&self.nodes, &key, key.hash()) else {
                 break;
             };
             self.pin_node(kv, i);
@@ -216,7 +300,8 @@ impl PrefixCache {
             version,
             block,
         };
-        if let Some(&i) = self.map.get(&key) {
+        let hash = key.hash();
+        if let Some(i) = self.index.find(&self.nodes, &key, hash) {
             self.pin_node(kv, i);
             return Publish::Shared(i);
         }
@@ -230,6 +315,7 @@ impl PrefixCache {
         }
         let node = Node {
             key,
+            hash,
             refs: 1,
             prev: [NIL; 2],
             next: [NIL; 2],
@@ -244,7 +330,7 @@ impl PrefixCache {
                 (self.nodes.len() - 1) as u32
             }
         };
-        self.map.insert(key, i);
+        self.index.insert(hash, i);
         self.tenant_blocks[tenant as usize] += 1;
         kv.private_to_cache();
         Publish::Inserted(i)
@@ -279,8 +365,8 @@ impl PrefixCache {
     fn remove(&mut self, kv: &mut KvPool, i: u32) {
         self.unlink(GLOBAL, i);
         self.unlink(TENANT, i);
-        let key = self.nodes[i as usize].key;
-        self.map.remove(&key);
+        let Node { key, hash, .. } = self.nodes[i as usize];
+        self.index.remove(hash, i);
         self.free_slots.push(i);
         self.tenant_blocks[key.tenant as usize] -= 1;
         kv.evicted();
@@ -294,6 +380,49 @@ mod tests {
     fn cache_with(kv: &mut KvPool, quota: u64) -> PrefixCache {
         assert!(kv.take_private(10));
         PrefixCache::new(quota)
+    }
+
+    #[test]
+    fn the_index_agrees_with_a_hash_map_through_inserts_and_removals() {
+        use std::collections::HashMap;
+        let mut nodes = Vec::new();
+        let mut index = Index::default();
+        let mut reference: HashMap<Key, u32> = HashMap::new();
+        let mut x = 1u64;
+        for step in 0..20_000u32 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let key = Key {
+                tenant: (x >> 60) as u32,
+                version: 0,
+                // Few distinct blocks, so inserts and removals collide.
+                block: (x >> 33) % 3_000,
+            };
+            let hash = key.hash();
+            let found = index.find(&nodes, &key, hash);
+            assert_eq!(found, reference.get(&key).copied(), "step {step}");
+            match found {
+                Some(i) => {
+                    index.remove(hash, i);
+                    reference.remove(&key);
+                }
+                None => {
+                    nodes.push(Node {
+                        key,
+                        hash,
+                        refs: 0,
+                        prev: [NIL; 2],
+                        next: [NIL; 2],
+                    });
+                    let i = (nodes.len() - 1) as u32;
+                    index.insert(hash, i);
+                    reference.insert(key, i);
+                }
+            }
+            assert_eq!(index.len, reference.len());
+        }
+        for (key, &i) in &reference {
+            assert_eq!(index.find(&nodes, key, key.hash()), Some(i));
+        }
     }
 
     #[test]

@@ -294,6 +294,8 @@ impl Scheduler {
                     self.cache_hits += u64::from(cached);
                 }
                 s.shared.clear();
+                // Publishing adds the prompt's other blocks: allocate once.
+                s.shared.reserve(s.blocks.len().max(pinned.len()));
                 s.shared.extend_from_slice(&pinned);
                 self.pinned = pinned;
                 s.private_blocks = need as u32;
