@@ -1,20 +1,36 @@
 //! `POST /v1/chat/completions` and `GET /v1/models`: authenticate, check
-//! the tenant's limits, run the engine, record exactly one usage event
-//! durably, answer in OpenAI's shape.
+//! the tenant's limits, claim the `Idempotency-Key`, admit into the engine,
+//! and hand the request to a [`Run`] that records exactly one usage event.
+//! Every response of an authenticated request carries the
+//! `x-ratelimit-*` headers of its key and model.
 
-use axum::body::Bytes;
+use std::convert::Infallible;
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use engine::{CompletionRequest, EngineError, ServiceClass};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use usage_contract::{FinishReason, RequestId, UsageEvent, SCHEMA_VERSION};
+use tokio::sync::{mpsc, oneshot};
+use usage_contract::RequestId;
 
 use crate::error::GatewayError;
+use crate::idempotency::{self, Begin, Stored};
+use crate::limits;
+use crate::metering::{now_ms, Run};
 use crate::service::AppState;
+use crate::telemetry;
 use crate::tenants::Caller;
+
+/// The output assumed for the token estimate when neither the request nor
+/// the tenant caps it (the engine's context room caps it too).
+const DEFAULT_OUTPUT_ESTIMATE: u64 = 4096;
+/// SSE frames buffered towards a slow client before the stream waits.
+const STREAM_BUFFER: usize = 64;
 
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
@@ -27,7 +43,15 @@ struct ChatRequest {
     #[serde(default)]
     stream: bool,
     #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
     seed: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -73,28 +97,49 @@ pub async fn completions(
     Extension(request_id): Extension<RequestId>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<Value>, GatewayError> {
-    let caller = authenticate(&state, &headers)?;
+) -> Response {
+    let caller = match authenticate(&state, &headers) {
+        Ok(caller) => caller,
+        Err(e) => return e.into_response(),
+    };
+    let mut model = None;
+    let mut res = handle(&state, &caller, request_id, &headers, body, &mut model)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+    let model = model.as_deref().unwrap_or("*");
+    let status = state.limiter.status(&caller, model, Instant::now());
+    if let Some(tokens) = status.tokens {
+        telemetry::tokens_remaining(&caller.tenant_id, model, tokens.remaining);
+    }
+    limits::apply_headers(res.headers_mut(), &status);
+    res
+}
+
+/// Everything after authentication; sets `model` once it is known to be served.
+async fn handle(
+    state: &AppState,
+    caller: &Caller,
+    request_id: RequestId,
+    headers: &HeaderMap,
+    body: Bytes,
+    model: &mut Option<String>,
+) -> Result<Response, GatewayError> {
     let req: ChatRequest =
         serde_json::from_slice(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
-    if req.stream {
-        return Err(GatewayError::InvalidParam {
-            param: "stream",
-            message: "streaming is not supported by this gateway yet; send stream: false".into(),
-        });
-    }
     if req.messages.is_empty() {
         return Err(GatewayError::InvalidParam {
             param: "messages",
             message: "messages must contain at least one message".into(),
         });
     }
-    if state.engine.profile(&req.model).is_none() {
+    let Some(profile) = state.engine.profile(&req.model).cloned() else {
         return Err(GatewayError::UnknownModel(req.model));
-    }
-    let max_tokens = req.max_completion_tokens.or(req.max_tokens);
-    if let (Some(asked), Some(limit)) = (max_tokens, caller.max_output) {
-        if i64::from(asked) > i64::from(limit) {
+    };
+    *model = Some(req.model.clone());
+    let limits = caller.limits_for(&req.model);
+    let asked = req.max_completion_tokens.or(req.max_tokens);
+    if let (Some(asked), Some(limit)) = (asked, limits.max_output) {
+        if asked > limit {
             return Err(GatewayError::InvalidParam {
                 param: "max_tokens",
                 message: format!("max_tokens {asked} exceeds this tenant's max_output of {limit}"),
@@ -108,104 +153,149 @@ pub async fn completions(
         .collect::<Vec<_>>()
         .join("\n");
     let prompt_tokens = engine::tokenizer::count(&prompt);
-    if let Some(limit) = caller.max_context {
-        if prompt_tokens > limit.max(0) as u64 {
+    if let Some(limit) = limits.max_context {
+        if prompt_tokens > u64::from(limit) {
             return Err(GatewayError::InvalidParam {
                 param: "messages",
                 message: format!("the prompt has {prompt_tokens} tokens, above this tenant's max_context of {limit}"),
             });
         }
     }
-    let max_tokens = max_tokens.or(caller.max_output.map(|m| m.max(0) as u32));
+    let max_tokens = asked.or(limits.max_output);
+
+    let idempotency = match idempotency_key(headers)? {
+        None => None,
+        Some(key) => match state
+            .idempotency
+            .begin(&caller.api_key_id, key, &body, Instant::now())
+        {
+            Begin::New(guard) => Some(guard),
+            Begin::Replay(stored) => return Ok(replay(stored)),
+            Begin::InFlight => {
+                telemetry::rejected(&caller.tenant_id, "idempotency_in_flight");
+                return Err(GatewayError::IdempotencyInFlight);
+            }
+            Begin::Mismatch => return Err(GatewayError::IdempotencyMismatch),
+        },
+    };
+
+    let room = u64::from(profile.max_context).saturating_sub(prompt_tokens);
+    let output_estimate = max_tokens.map_or(DEFAULT_OUTPUT_ESTIMATE, u64::from);
+    let estimate = prompt_tokens + output_estimate.min(room);
+    let mut permit = state
+        .limiter
+        .admit(caller, &req.model, estimate, Instant::now())
+        .map_err(|r| {
+            telemetry::rejected(&caller.tenant_id, r.limit.as_str());
+            GatewayError::RateLimited(r)
+        })?;
 
     let started_at = now_ms();
-    let done = state
+    let generation = match state
         .engine
-        .complete(&CompletionRequest {
-            model: req.model.clone(),
-            prompt,
-            max_tokens,
-            seed: req.seed.unwrap_or(0),
-            tenant_id: caller.tenant_id.clone(),
-            class: ServiceClass::from_priority(caller.priority),
-        })
-        .await
-        .map_err(|e| match e {
-            EngineError::NoCapacity { .. } => GatewayError::NoCapacity(e.to_string()),
-            EngineError::Stopped(_) | EngineError::Profile(_) => {
-                GatewayError::Engine(e.to_string())
-            }
-            _ => GatewayError::InvalidParam {
-                param: "messages",
-                message: e.to_string(),
+        .start(
+            &CompletionRequest {
+                model: req.model.clone(),
+                prompt,
+                max_tokens,
+                seed: req.seed.unwrap_or(0),
+                tenant_id: caller.tenant_id.clone(),
+                class: ServiceClass::from_priority(caller.priority),
             },
-        })?;
-    let finished_at = now_ms().max(started_at);
-    let finish_reason = if done.length_capped {
-        FinishReason::Length
-    } else {
-        FinishReason::Stop
+            req.stream,
+        )
+        .await
+    {
+        Ok(generation) => generation,
+        Err(e) => {
+            // Not admitted by the engine: no usage event, nothing charged.
+            permit.settle(0, Instant::now());
+            if matches!(e, EngineError::NoCapacity { .. }) {
+                telemetry::rejected(&caller.tenant_id, "no_capacity");
+            }
+            return Err(engine_error(e));
+        }
     };
-    let ttft_ms = done.ttft.as_millis() as i64;
-    let first_token_at = (done.completion_tokens > 0).then(|| {
-        let real = ChronoDuration::milliseconds(ttft_ms / i64::from(state.speedup.max(1)));
-        (started_at + real).min(finished_at)
-    });
-    let tpot_ms = (done.completion_tokens > 1)
-        .then(|| (done.total.as_millis() as i64 - ttft_ms) / (done.completion_tokens as i64 - 1));
-    let event = UsageEvent {
-        schema_version: SCHEMA_VERSION,
+    let run = Run {
+        state: state.clone(),
+        caller: caller.clone(),
         request_id,
-        tenant_id: caller.tenant_id.clone(),
-        api_key_id: caller.api_key_id.clone(),
-        model: req.model.clone(),
-        model_version: done.model_version.clone(),
-        priority: caller.priority,
+        model: req.model,
+        profile,
         started_at,
-        first_token_at,
-        finished_at,
-        prompt_tokens: done.prompt_tokens as i64,
-        cached_tokens: done.cached_tokens as i64,
-        completion_tokens: done.completion_tokens as i64,
-        gpu_seconds: done.gpu_seconds,
-        preempted_gpu_seconds: done.preempted_gpu_seconds,
-        finish_reason,
-        ttft_ms: Some(ttft_ms),
-        tpot_ms,
-        replica_id: done.replica_id.clone(),
-        gateway_id: state.gateway_id.clone(),
-        stream: false,
+        prompt_tokens,
+        permit,
+        idempotency,
     };
-    // Durable before the client hears anything: an answered request is a
-    // billed request, whatever happens to this process next.
-    state
-        .outbox
-        .append(caller.tenant_id.clone(), event.to_json())
-        .await?;
-    crate::telemetry::record_request(&caller.tenant_id, &req.model, &event);
-
-    let total = done.prompt_tokens + done.completion_tokens;
-    Ok(Json(json!({
-        "id": format!("chatcmpl-{}", request_id.as_uuid().simple()),
-        "object": "chat.completion",
-        "created": started_at.timestamp(),
-        "model": req.model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": done.text},
-            "finish_reason": finish_reason.as_str(),
-        }],
-        "usage": {
-            "prompt_tokens": done.prompt_tokens,
-            "completion_tokens": done.completion_tokens,
-            "total_tokens": total,
-            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
-        },
-    })))
+    if req.stream {
+        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(run.stream(generation, tx, include_usage));
+        let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+        });
+        let mut res = Response::new(Body::from_stream(frames));
+        let h = res.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        return Ok(res);
+    }
+    // The run owns the generation in its own task: if this handler is
+    // dropped (client gone), the request still ends with its one event.
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let _ = tx.send(run.complete(generation).await);
+    });
+    let body = rx
+        .await
+        .map_err(|_| GatewayError::Engine("the request task ended without an answer".into()))??;
+    Ok(Json(body).into_response())
 }
 
-/// Now, truncated to the millisecond the contract carries.
-fn now_ms() -> DateTime<Utc> {
-    let now = Utc::now();
-    DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now)
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, GatewayError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    match value.to_str().map(str::trim) {
+        Ok(key) if !key.is_empty() && key.len() <= idempotency::MAX_KEY_LEN => Ok(Some(key)),
+        _ => Err(GatewayError::InvalidParam {
+            param: "Idempotency-Key",
+            message: format!(
+                "Idempotency-Key must be 1 to {} visible ASCII characters",
+                idempotency::MAX_KEY_LEN
+            ),
+        }),
+    }
+}
+
+/// A stored answer, sent again with its original `X-Request-Id`.
+fn replay(stored: Stored) -> Response {
+    let mut res = (StatusCode::OK, stored.body).into_response();
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(stored.content_type),
+    );
+    if let Ok(v) = HeaderValue::from_str(&stored.request_id) {
+        h.insert("x-request-id", v);
+    }
+    h.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    res
+}
+
+fn engine_error(e: EngineError) -> GatewayError {
+    match e {
+        EngineError::NoCapacity { .. } => GatewayError::NoCapacity(e.to_string()),
+        EngineError::Stopped(_) | EngineError::Profile(_) => GatewayError::Engine(e.to_string()),
+        EngineError::UnknownModel(model) => GatewayError::UnknownModel(model),
+        EngineError::ContextTooLong { .. } | EngineError::BadRequest(_) => {
+            GatewayError::InvalidParam {
+                param: "messages",
+                message: e.to_string(),
+            }
+        }
+    }
 }

@@ -39,6 +39,13 @@ pub enum GatewayError {
         "the model is at capacity for this request's class; retry after the Retry-After interval"
     )]
     NoCapacity(String),
+    /// Over a per-key or per-tenant limit (429, never mixed up with 503).
+    #[error("{}", .0.message)]
+    RateLimited(crate::limits::Rejected),
+    #[error("a request with this Idempotency-Key is still in progress; retry after it finished")]
+    IdempotencyInFlight,
+    #[error("this Idempotency-Key was already used with a different request body")]
+    IdempotencyMismatch,
 }
 
 impl GatewayError {
@@ -48,6 +55,9 @@ impl GatewayError {
             Self::BadRequest(_) | Self::InvalidParam { .. } => StatusCode::BAD_REQUEST,
             Self::UnknownModel(_) => StatusCode::NOT_FOUND,
             Self::Outbox(_) | Self::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::IdempotencyInFlight => StatusCode::CONFLICT,
+            Self::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Config(_)
             | Self::Database(_)
             | Self::Kafka(_)
@@ -66,6 +76,9 @@ impl GatewayError {
             Self::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
             Self::Outbox(_) => ("server_error", Some("usage_not_recorded")),
             Self::NoCapacity(_) => ("server_error", Some("no_capacity")),
+            Self::RateLimited(r) => (r.limit.as_str(), Some("rate_limit_exceeded")),
+            Self::IdempotencyInFlight => ("invalid_request_error", Some("idempotency_key_in_use")),
+            Self::IdempotencyMismatch => ("invalid_request_error", Some("idempotency_key_reused")),
             Self::Config(_)
             | Self::Database(_)
             | Self::Kafka(_)
@@ -93,21 +106,20 @@ impl IntoResponse for GatewayError {
         let body =
             json!({"error": {"message": message, "type": kind, "param": param, "code": code}});
         let mut res = (status, Json(body)).into_response();
-        if let Self::NoCapacity(detail) = &self {
-            tracing::warn!(detail = %detail, "engine has no capacity");
+        let retry_after = match &self {
+            Self::NoCapacity(detail) => {
+                tracing::warn!(detail = %detail, "engine has no capacity");
+                Some(crate::limits::retry_after_secs(std::time::Duration::ZERO))
+            }
+            Self::RateLimited(r) => Some(crate::limits::retry_after_secs(r.wait)),
+            _ => None,
+        };
+        if let Some(secs) = retry_after {
             res.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from(retry_after_secs()),
+                axum::http::HeaderValue::from(secs),
             );
         }
         res
     }
-}
-
-/// 1 to 3 seconds, jittered so rejected clients do not retry in lockstep.
-fn retry_after_secs() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    1 + u64::from(nanos) % 3
 }

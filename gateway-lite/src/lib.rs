@@ -6,9 +6,22 @@
 //! Postgres is read at start-up and by the key refresher, never on the
 //! request path. Prompts and completions pass through memory only.
 //!
+//! Invariants:
+//! - An admitted request (past the limits and the engine's admission)
+//!   produces exactly one usage event, whether it completes, is cut by
+//!   `max_tokens`, fails, or its client disconnects mid-stream; a rejected
+//!   one (4xx, 429, 503) produces none.
+//! - The event is durable in the outbox before the client gets the answer
+//!   (for a stream: before the last chunk and `data: [DONE]`).
+//! - Tokens charged against a per-minute limit at admission are reconciled
+//!   with the actual count when the request ends.
+//!
 //! Layout:
-//! - [`chat`]: the `/v1` handlers
-//! - [`tenants`]: key hashes → callers, refreshed in the background
+//! - [`chat`]: the `/v1` handlers (validation, idempotency, admission)
+//! - [`metering`]: an admitted request until its one usage event (streaming too)
+//! - [`limits`]: requests/min and tokens/min per key and model, concurrency per tenant
+//! - [`idempotency`]: `Idempotency-Key` replays and conflicts (in memory)
+//! - [`tenants`]: key hashes → callers and their limits, refreshed in the background
 //! - [`seed`]: tenants, keys and limits from a YAML file
 //! - [`outbox`]: the durable local queue (redb, group commit)
 //! - [`relay`]: outbox → Kafka with the idempotent producer
@@ -17,6 +30,9 @@
 pub mod chat;
 pub mod config;
 pub mod error;
+pub mod idempotency;
+pub mod limits;
+pub mod metering;
 pub mod outbox;
 pub mod relay;
 pub mod seed;

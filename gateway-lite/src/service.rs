@@ -18,6 +18,8 @@ use usage_contract::RequestId;
 
 use crate::config::GatewayConfig;
 use crate::error::GatewayError;
+use crate::idempotency::Idempotency;
+use crate::limits::Limiter;
 use crate::outbox::Outbox;
 use crate::tenants::Registry;
 use crate::{chat, relay, seed, telemetry};
@@ -29,9 +31,12 @@ pub struct AppState {
     pub outbox: Outbox,
     pub gateway_id: String,
     pub speedup: u32,
+    pub limiter: Limiter,
+    pub idempotency: Idempotency,
 }
 
-/// The HTTP API. Every response, error or not, carries `X-Request-Id`.
+/// The HTTP API. Every response, error or not, carries `X-Request-Id`
+/// (an idempotent replay carries the original request's).
 pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
     let mut router = Router::new()
         .route("/v1/chat/completions", post(chat::completions))
@@ -49,8 +54,10 @@ async fn request_id(mut req: Request, next: Next) -> Response {
     let id = RequestId::new();
     req.extensions_mut().insert(id);
     let mut res = next.run(req).await;
-    if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
-        res.headers_mut().insert("x-request-id", value);
+    if !res.headers().contains_key("x-request-id") {
+        if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
+            res.headers_mut().insert("x-request-id", value);
+        }
     }
     res
 }
@@ -100,6 +107,8 @@ pub async fn run(
         outbox,
         gateway_id: config.gateway_id.clone(),
         speedup: config.engine_speedup,
+        limiter: Limiter::default(),
+        idempotency: Idempotency::default(),
     };
     tracing::info!(addr = %config.addr, "gateway listening");
     axum::serve(listener, app(state, Some(prometheus)))

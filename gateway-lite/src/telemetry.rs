@@ -1,6 +1,6 @@
 //! The gateway's Prometheus metrics (labels: tenant, model, status; never ids).
 
-use metrics::{counter, histogram};
+use metrics::{counter, gauge, histogram};
 use usage_contract::UsageEvent;
 
 pub fn describe() {
@@ -12,6 +12,18 @@ pub fn describe() {
     metrics::describe_histogram!(
         "gateway_ttft_seconds",
         "Time to first token reported by the engine, by tenant"
+    );
+    metrics::describe_gauge!(
+        "gateway_active_requests",
+        "Admitted requests in flight, by tenant"
+    );
+    metrics::describe_counter!(
+        "gateway_rejections_total",
+        "Requests turned away, by tenant and reason (requests, tokens, concurrency, no_capacity, idempotency_in_flight)"
+    );
+    metrics::describe_gauge!(
+        "gateway_tokens_remaining",
+        "Tokens left in the per-minute bucket at the last response, by tenant and model"
     );
     metrics::describe_gauge!("gateway_outbox_depth", "Usage events waiting in the outbox");
     metrics::describe_gauge!(
@@ -37,4 +49,18 @@ pub fn record_request(tenant: &str, model: &str, e: &UsageEvent) {
         histogram!("gateway_ttft_seconds", "tenant" => tenant.to_owned())
             .record(ttft as f64 / 1000.0);
     }
+}
+
+pub fn rejected(tenant: &str, reason: &'static str) {
+    counter!("gateway_rejections_total", "tenant" => tenant.to_owned(), "reason" => reason)
+        .increment(1);
+}
+
+pub fn tokens_remaining(tenant: &str, model: &str, remaining: u64) {
+    gauge!("gateway_tokens_remaining", "tenant" => tenant.to_owned(), "model" => model.to_owned())
+        .set(remaining as f64);
+}
+
+pub fn active_requests(tenant: &str, n: u32) {
+    gauge!("gateway_active_requests", "tenant" => tenant.to_owned()).set(f64::from(n));
 }

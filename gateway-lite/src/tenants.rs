@@ -16,8 +16,33 @@ pub struct Caller {
     pub tenant_id: String,
     pub api_key_id: String,
     pub priority: i16,
-    pub max_context: Option<i32>,
-    pub max_output: Option<i32>,
+    /// The tenant's cap on concurrent in-flight requests, all keys together.
+    pub max_concurrency: Option<u32>,
+    /// The tenant's `limits` rows by model (`*` applies to every model
+    /// without its own row).
+    pub limits: Arc<HashMap<String, ModelLimits>>,
+}
+
+/// One `limits` row: what a tenant may do with one model (or `*`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelLimits {
+    /// Requests per minute, per key and model.
+    pub rpm: Option<u32>,
+    /// Tokens (prompt + completion) per minute, per key and model.
+    pub tpm: Option<u64>,
+    pub max_context: Option<u32>,
+    pub max_output: Option<u32>,
+}
+
+impl Caller {
+    /// The limits that apply to `model`: its own row, else the `*` row, else none.
+    pub fn limits_for(&self, model: &str) -> ModelLimits {
+        self.limits
+            .get(model)
+            .or_else(|| self.limits.get("*"))
+            .copied()
+            .unwrap_or_default()
+    }
 }
 
 /// The SHA-256 of an API key, as stored in `api_keys.key_hash`.
@@ -31,8 +56,26 @@ struct KeyRow {
     tenant_id: String,
     api_key_id: String,
     priority: i16,
+    max_concurrency: Option<i32>,
+}
+
+#[derive(sqlx::FromRow)]
+struct LimitRow {
+    tenant_id: String,
+    model: String,
+    rpm: Option<i32>,
+    tpm: Option<i64>,
     max_context: Option<i32>,
     max_output: Option<i32>,
+}
+
+/// A positive database integer, or none (the columns' CHECKs keep them > 0).
+fn positive<T: TryInto<u64>>(v: Option<T>) -> Option<u64> {
+    v.and_then(|v| v.try_into().ok()).filter(|v| *v > 0)
+}
+
+fn positive_u32<T: TryInto<u64>>(v: Option<T>) -> Option<u32> {
+    positive(v).map(|v| u32::try_from(v).unwrap_or(u32::MAX))
 }
 
 /// The in-memory view of active keys.
@@ -48,17 +91,46 @@ impl Registry {
         self.by_hash.read().ok()?.get(&hash).cloned()
     }
 
+    /// Registers one key directly, without Postgres (benchmarks, tests); the
+    /// next [`Registry::refresh`] replaces it.
+    pub fn insert(&self, key: &str, caller: Caller) {
+        if let Ok(mut guard) = self.by_hash.write() {
+            guard.insert(hash_key(key), caller);
+        }
+    }
+
     /// Reloads every active key from Postgres.
     pub async fn refresh(&self, pool: &PgPool) -> Result<usize, sqlx::Error> {
         let rows: Vec<KeyRow> = sqlx::query_as(
-            "SELECT k.key_hash, k.tenant_id, k.api_key_id, t.priority, l.max_context, l.max_output
+            "SELECT k.key_hash, k.tenant_id, k.api_key_id, t.priority, t.max_concurrency
              FROM api_keys k
              JOIN tenants t USING (tenant_id)
-             LEFT JOIN limits l ON l.tenant_id = k.tenant_id AND l.model = '*'
              WHERE k.revoked_at IS NULL",
         )
         .fetch_all(pool)
         .await?;
+        let limit_rows: Vec<LimitRow> = sqlx::query_as(
+            "SELECT tenant_id, model, rpm, tpm, max_context, max_output FROM limits",
+        )
+        .fetch_all(pool)
+        .await?;
+        let mut by_tenant: HashMap<String, HashMap<String, ModelLimits>> = HashMap::new();
+        for l in limit_rows {
+            by_tenant.entry(l.tenant_id).or_default().insert(
+                l.model,
+                ModelLimits {
+                    rpm: positive_u32(l.rpm),
+                    tpm: positive(l.tpm),
+                    max_context: positive_u32(l.max_context),
+                    max_output: positive_u32(l.max_output),
+                },
+            );
+        }
+        let by_tenant: HashMap<String, Arc<HashMap<String, ModelLimits>>> = by_tenant
+            .into_iter()
+            .map(|(t, m)| (t, Arc::new(m)))
+            .collect();
+        let none = Arc::new(HashMap::new());
         let mut map = HashMap::with_capacity(rows.len());
         for row in rows {
             let Ok(hash) = <[u8; 32]>::try_from(row.key_hash.as_slice()) else {
@@ -67,11 +139,14 @@ impl Registry {
             map.insert(
                 hash,
                 Caller {
-                    tenant_id: row.tenant_id,
                     api_key_id: row.api_key_id,
                     priority: row.priority,
-                    max_context: row.max_context,
-                    max_output: row.max_output,
+                    max_concurrency: positive_u32(row.max_concurrency),
+                    limits: by_tenant
+                        .get(&row.tenant_id)
+                        .cloned()
+                        .unwrap_or_else(|| none.clone()),
+                    tenant_id: row.tenant_id,
                 },
             );
         }

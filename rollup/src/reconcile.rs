@@ -41,7 +41,11 @@ pub async fn reconcile(
                     sum(completion_tokens)::bigint AS completion_tokens,
                     sum(gpu_seconds) AS gpu_seconds
              FROM request_log
-             WHERE started_at >= $1 AND started_at < $2
+             -- Prune to the day partitions that can hold the period (ids
+             -- are created at request start, a day of slack either side).
+             WHERE request_id >= request_log_bound(($1::timestamptz AT TIME ZONE 'UTC')::date - 1)
+               AND request_id < request_log_bound(($2::timestamptz AT TIME ZONE 'UTC')::date + 2)
+               AND started_at >= $1 AND started_at < $2
              GROUP BY 1, 2, 3, 4),
          hourly AS (
              SELECT tenant_id, model, priority, hour, requests, prompt_tokens, cached_tokens,

@@ -11,3 +11,4 @@ pub mod stack;
 
 pub use process::Service;
 pub use stack::TestStack;
+pub mod gateway;

@@ -1,17 +1,18 @@
 //! `ingest-bench`: how fast ingest moves usage events from Kafka into
-//! Postgres, next to the two ceilings it cannot beat on this machine, and how
-//! soon an event is visible. Run it with `scripts/bench-ingest.sh [flags]`.
+//! Postgres, next to two ceilings it cannot beat on this machine, and how soon
+//! an event is visible. Run it with `scripts/bench-ingest.sh [flags]`.
 //!
 //! One run, on a fresh database `bench_<random>` and a fresh 4-partition
 //! topic `bench.<random>`:
-//! 1. N events (the five reference tenants) produced with an idempotent,
-//!    acks=all producer (the produce rate is informational);
+//! 1. N events of the five reference tenants are produced (idempotent,
+//!    acks=all, lz4, linger 5 ms); the produce rate is informational;
 //! 2. ceiling (a): a plain consumer reads (and copies) all N from the broker;
-//! 3. ceiling (b): one COPY of the same N rows into `request_log_raw`, a plain
-//!    copy of request_log without indexes or partitions (row formatting included);
-//! 4. the real `ingest` binary as a process, from its start until its offsets
-//!    in Postgres cover all N, with its peak RSS, its CPU time and its commit
-//!    times (from `/metrics`); then request_log and usage_hourly are checked;
+//! 3. ceiling (b): one COPY of the same N rows (formatting included) into
+//!    `request_log_raw`, a plain copy of request_log without indexes;
+//! 4. the real `ingest` binary runs as a process, timed from its start until
+//!    its offsets in Postgres cover all N, with its peak RSS, CPU time and
+//!    commit times (from its `/metrics`); request_log and usage_hourly are
+//!    then checked against N;
 //! 5. freshness: M more events at a fixed rate into the same running ingest,
 //!    produce → visible in request_log, as percentiles.
 
@@ -38,23 +39,22 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use rust_decimal::Decimal;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgPool};
-use usage_contract::{FinishReason, RequestId, UsageEvent};
+use usage_contract::FinishReason as F;
+use usage_contract::{RequestId, UsageEvent};
 
 const PARTITIONS: i32 = 4;
-const TENANTS: [(&str, &str, i16); 5] = [
-    ("acme-corp", "Acme Corp", 5),
-    ("medai-labs", "MedAI Labs", 4),
-    ("finserv-team", "FinServ team", 3),
-    ("research-squad", "Research squad", 2),
-    ("codegen-platform", "Codegen platform", 1),
+const TENANTS: [(&str, i16); 5] = [
+    ("acme-corp", 5),
+    ("medai-labs", 4),
+    ("finserv-team", 3),
+    ("research-squad", 2),
+    ("codegen-platform", 1),
 ];
 const MODELS: [&str; 2] = ["llama-3.1-8b", "llama-3.1-70b"];
-const FINISH: [FinishReason; 4] = [
-    FinishReason::Stop,
-    FinishReason::Length,
-    FinishReason::Cancelled,
-    FinishReason::Error,
-];
+/// The freshness producer lingers 20 ms, not 5: at a steady 2000/s, librdkafka
+/// with linger 5 ms busy-polls (measured here: ~70% of a core, against 10-20%
+/// at 20 ms), which on a small machine takes CPU from the ingest being measured.
+const FRESH_LINGER_MS: &str = "20";
 const COPY: &str = "COPY request_log_raw (request_id, tenant_id, api_key_id, model, \
     model_version, priority, started_at, first_token_at, finished_at, prompt_tokens, \
     cached_tokens, completion_tokens, gpu_seconds, preempted_gpu_seconds, finish_reason, ttft_ms, \
@@ -102,17 +102,19 @@ struct IngestSettings {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    let ingest = IngestSettings::try_parse_from(["ingest"])?.config;
+    args.max_batch.get_or_insert(ingest.max_batch);
+    args.linger_ms.get_or_insert(ingest.linger_ms);
     let mut rng = StdRng::from_os_rng();
     let suffix = format!("{:08x}", rng.random::<u32>());
     let base: PgConnectOptions = args.database_url.parse().context("DATABASE_URL")?;
     let db = format!("bench_{suffix}");
     let mut admin = base.clone().database("postgres").connect().await?;
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&mut admin)
-        .await?;
+    let create = format!("CREATE DATABASE {db}");
+    sqlx::query(&create).execute(&mut admin).await?;
     let url = base.database(&db).to_url_lossy().to_string();
-    let result = bench(&args, &url, &suffix, &mut rng).await;
+    let result = run(&args, &url, &suffix, &mut rng).await;
     if args.keep {
         println!("kept database {db}");
     } else {
@@ -122,23 +124,17 @@ async fn main() -> Result<()> {
     result
 }
 
-async fn bench(args: &Args, url: &str, suffix: &str, rng: &mut StdRng) -> Result<()> {
-    let n = args.events;
-    let ingest_config = IngestSettings::try_parse_from(["ingest"])?.config;
-    let max_batch = args.max_batch.unwrap_or(ingest_config.max_batch);
-    let linger_ms = args.linger_ms.unwrap_or(ingest_config.linger_ms);
+async fn run(args: &Args, url: &str, suffix: &str, rng: &mut StdRng) -> Result<()> {
+    let (n, load) = (args.events, std::fs::read_to_string("/proc/loadavg")?);
     let pool = schema::connect(url, 4, Duration::from_secs(10)).await?;
-    for (tenant, name, priority) in TENANTS {
-        sqlx::query(
-            "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
-             VALUES ($1, $2, 'standard', $3, 'per_token')",
-        )
-        .bind(tenant)
-        .bind(name)
-        .bind(priority)
-        .execute(&pool)
-        .await?;
-    }
+    sqlx::query(
+        "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
+         SELECT t, t, 'standard', p, 'per_token' FROM UNNEST($1::text[], $2::smallint[]) x(t, p)",
+    )
+    .bind(TENANTS.map(|t| t.0))
+    .bind(TENANTS.map(|t| t.1))
+    .execute(&pool)
+    .await?;
     let topic = format!("bench.{suffix}");
     create_topic(&args.kafka_brokers, &topic).await?;
     let now_ms = Utc::now().timestamp_millis();
@@ -150,27 +146,14 @@ async fn bench(args: &Args, url: &str, suffix: &str, rng: &mut StdRng) -> Result
     let hashes: Vec<[u8; 32]> = events.iter().map(UsageEvent::content_hash).collect();
 
     println!("producing {n} events to {topic}");
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &args.kafka_brokers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set(
-            "linger.ms",
-            std::env::var("EXP_LINGER").unwrap_or("5".into()),
-        )
-        .set("compression.type", "lz4")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()?;
     let started = Instant::now();
+    let bulk_producer = producer(&args.kafka_brokers, "5")?;
     let mut acks = Vec::with_capacity(n);
     for e in &events {
-        acks.push(send(&producer, &topic, &e.tenant_id, &e.to_json()).await?);
+        acks.push(send(&bulk_producer, &topic, &e.tenant_id, &e.to_json()).await?);
     }
-    for ack in acks {
-        ack.await
-            .context("delivery cancelled")?
-            .map_err(|(e, _)| e)?;
-    }
+    delivered(acks).await?;
+    drop(bulk_producer);
     let produce = started.elapsed();
     println!("ceiling (a): reading them back from the broker");
     let read = broker_read(&args.kafka_brokers, &topic, n)?;
@@ -178,85 +161,117 @@ async fn bench(args: &Args, url: &str, suffix: &str, rng: &mut StdRng) -> Result
     let copy = copy_raw(&pool, &events, &hashes).await?;
     drop((events, hashes));
 
-    println!("ingest: max_batch {max_batch}, linger {linger_ms} ms");
-    let group = format!("bench-{suffix}");
-    let batch = (max_batch, linger_ms);
-    let mut ingest = Ingest::start(args, batch, url, &topic, &group, suffix)?;
-    let bulk = wait_ingested(&pool, &mut ingest, &group, n).await?;
+    println!("ingest: until its offsets cover all {n} events");
+    let mut ingest = Ingest::start(args, url, &topic, suffix)?;
+    let bulk = wait_ingested(&pool, &mut ingest, n).await?;
     let metrics = ingest.scrape().unwrap_or_default();
-    let (rows, requests, dead): (i64, i64, i64) = sqlx::query_as(
+    let checks = sqlx::query_as(
         "SELECT (SELECT count(*) FROM request_log),
                 (SELECT coalesce(sum(requests), 0)::bigint FROM usage_hourly),
                 (SELECT count(*) FROM dead_letters)",
     )
     .fetch_one(&pool)
     .await?;
-    let correct = rows == n as i64 && requests == n as i64 && dead == 0;
     println!("freshness: {} events at {}/s", args.fresh_events, args.rate);
-    println!("bench cpu {:?}", cpu_seconds(std::process::id()));
-    let fresh = freshness(args, &producer, &topic, &pool, &mut ingest, rng).await;
-    let hwm = proc_kib(ingest.pid, "VmHWM:").unwrap_or(0);
+    let fresh = freshness(args, &topic, &pool, &mut ingest, rng).await;
+    let hwm_kib = proc_kib(ingest.pid, "VmHWM:").unwrap_or(0);
     ingest.stop().await;
-    let mut fresh = fresh?;
-    println!("bench cpu {:?}", cpu_seconds(std::process::id()));
-    fresh.sort_by(f64::total_cmp);
+    let fresh = fresh?;
+    let measured = Measured {
+        load,
+        produce,
+        read,
+        copy,
+        bulk,
+        metrics,
+        checks,
+        hwm_kib,
+        fresh,
+    };
+    report(args, &measured)
+}
 
-    // The report. Ratios use ingest's rate from its first commit on.
+/// Everything the report is made of.
+struct Measured {
+    load: String,
+    produce: Duration,
+    read: Duration,
+    copy: Duration,
+    bulk: Bulk,
+    metrics: String,
+    /// request_log rows, usage_hourly requests, dead letters.
+    checks: (i64, i64, i64),
+    hwm_kib: u64,
+    fresh: Fresh,
+}
+
+/// Prints the table; fails if ingest's result is wrong.
+fn report(args: &Args, r: &Measured) -> Result<()> {
+    let n = args.events;
     let secs = |d: Duration| d.as_secs_f64();
-    let (read_s, copy_s, total_s) = (secs(read), secs(copy), secs(bulk.total));
-    let steady_s = secs(bulk.total - bulk.first);
+    let (read_s, copy_s, total_s) = (secs(r.read), secs(r.copy), secs(r.bulk.total));
     let rate = |s: f64| n as f64 / s;
     let (read_r, copy_r, total_r) = (rate(read_s), rate(copy_s), rate(total_s));
-    let steady_r = (n as i64 - bulk.at_first) as f64 / steady_s;
+    let steady_s = secs(r.bulk.total - r.bulk.first);
+    let steady_r = (n as i64 - r.bulk.at_first) as f64 / steady_s;
     let (vs_read, vs_copy) = (steady_r / read_r, steady_r / copy_r);
-    let (produce_r, first_s, at_first) = (rate(secs(produce)), secs(bulk.first), bulk.at_first);
-    let (rss, hwm) = (bulk.max_rss_kib as f64 / 1024.0, hwm as f64 / 1024.0);
-    let (cpu, cpu_pct) = (bulk.cpu_s, 100.0 * bulk.cpu_s / total_s);
-    let m = |name: &str| metric(&metrics, name);
+    let (produce_r, first_s, at_first) =
+        (rate(secs(r.produce)), secs(r.bulk.first), r.bulk.at_first);
+    let (rss, hwm) = (
+        r.bulk.max_rss_kib as f64 / 1024.0,
+        r.hwm_kib as f64 / 1024.0,
+    );
+    let (cpu, cpu_pct) = (r.bulk.cpu_s, 100.0 * r.bulk.cpu_s / total_s);
+    let m = |name: &str| metric(&r.metrics, name);
     let (batches, commit_s) = (
         m("ingest_commit_seconds_count"),
         m("ingest_commit_seconds_sum"),
     );
-    let (mean_batch, commit_pct) = (
-        m("ingest_batch_size_sum") / batches,
-        100.0 * commit_s / steady_s,
-    );
-    let commit_mean = 1000.0 * commit_s / batches;
+    let mean_batch = m("ingest_batch_size_sum") / batches;
+    let (commit_pct, commit_mean) = (100.0 * commit_s / steady_s, 1000.0 * commit_s / batches);
     let commit_p50 = 1000.0 * m("ingest_commit_seconds{quantile=\"0.5\"}");
     let commit_p99 = 1000.0 * m("ingest_commit_seconds{quantile=\"0.99\"}");
+    let (rows, requests, dead) = r.checks;
+    let correct = rows == n as i64 && requests == n as i64 && dead == 0;
     let ok = if correct { "yes" } else { "NO" };
+    let mut fresh = r.fresh.latencies_ms.clone();
+    fresh.sort_by(f64::total_cmp);
     let pct = |q: f64| {
         let i = ((fresh.len().max(1) - 1) as f64 * q).round() as usize;
         fresh.get(i).copied().unwrap_or(f64::NAN)
     };
     let (p50, p99, max, fresh_n, per_s) = (pct(0.5), pct(0.99), pct(1.0), fresh.len(), args.rate);
+    let own_cpu = 100.0 * r.fresh.cpu_s / r.fresh.secs;
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
+    let (max_batch, linger_ms) = (args.max_batch.unwrap_or(0), args.linger_ms.unwrap_or(0));
+    let load = r.load.split_whitespace().next().unwrap_or("?");
     println!(
         r#"
-== ingest benchmark: {n} events, {PARTITIONS} partitions, {cores} cores (nproc)
-   ingest settings: INGEST_MAX_BATCH={max_batch}, INGEST_LINGER_MS={linger_ms}
+== ingest benchmark: {n} events, {PARTITIONS} partitions, {cores} cores (nproc), load {load} at start
+   ingest: INGEST_MAX_BATCH={max_batch}, INGEST_LINGER_MS={linger_ms}
    produce (idempotent, acks=all, lz4, linger 5 ms): {produce_r:.0} events/s (informational)
 
-                                            seconds    events/s   ingest/this
-   (a) broker read ceiling                {read_s:>9.2} {read_r:>11.0} {vs_read:>13.2}
-   (b) raw COPY ceiling, no indexes       {copy_s:>9.2} {copy_r:>11.0} {vs_copy:>13.2}
+                                            seconds    events/s   ingest/ceiling
+   (a) broker read ceiling                {read_s:>9.2} {read_r:>11.0} {vs_read:>16.2}
+   (b) raw COPY ceiling, no indexes       {copy_s:>9.2} {copy_r:>11.0} {vs_copy:>16.2}
    ingest, process start -> all committed {total_s:>9.2} {total_r:>11.0}
    ingest, first commit -> all committed  {steady_s:>9.2} {steady_r:>11.0}
-   (first commit {first_s:.2} s after start, covering {at_first} events; ingest/this uses
-    the first-commit rate)
+   (the first commit came {first_s:.2} s after start, covering {at_first} events;
+    ingest/ceiling uses the first-commit rate)
 
-   ingest RSS: max {rss:.1} MiB sampled while ingesting; VmHWM {hwm:.1} MiB at the end
+   ingest RSS: max {rss:.1} MiB sampled while ingesting, VmHWM {hwm:.1} MiB at the end
    ingest CPU: {cpu:.2} s user+sys until all committed ({cpu_pct:.0}% of one core)
-   postgres commits: {batches:.0} batches of {mean_batch:.0} messages on average, {commit_s:.2} s
-     in total ({commit_pct:.0}% of the first-commit span); per batch mean {commit_mean:.1} ms,
+   postgres commits: {batches:.0} of {mean_batch:.0} messages on average, {commit_s:.2} s in
+     total ({commit_pct:.0}% of the first-commit span); per batch mean {commit_mean:.1} ms,
      p50 {commit_p50:.1} ms, p99 {commit_p99:.1} ms
    correct: {ok} (request_log {rows} rows, usage_hourly {requests} requests, {dead} dead
      letters; expected {n}, {n}, 0)
 
-   freshness, {fresh_n} events at {per_s}/s, produce -> visible in request_log:
-     p50 {p50:.0} ms, p99 {p99:.0} ms, max {max:.0} ms
-   (an order-based approximation across the {PARTITIONS} partitions: event i counts as visible
-    at the first ~10 ms poll where request_log holds i+1 of the new events)"#
+   freshness, {fresh_n} events at {per_s}/s (producer linger {FRESH_LINGER_MS} ms), produce ->
+   visible in request_log: p50 {p50:.0} ms, p99 {p99:.0} ms, max {max:.0} ms
+   (an order-based approximation across the {PARTITIONS} partitions: event i counts as
+    visible at the first ~10 ms poll where request_log holds i+1 of the new events;
+    this load generator used {own_cpu:.0}% of one core meanwhile)"#
     );
     ensure!(correct, "ingest's result is wrong (see above)");
     Ok(())
@@ -268,7 +283,7 @@ fn millis(ms: i64) -> Result<DateTime<Utc>> {
 
 /// A valid v1 event of tenant `i % 5`, like the fault drill's.
 fn event(rng: &mut StdRng, i: usize, started_at: DateTime<Utc>) -> UsageEvent {
-    let (tenant, _, priority) = TENANTS[i % TENANTS.len()];
+    let (tenant, priority) = TENANTS[i % TENANTS.len()];
     let prompt = rng.random_range(1..8_000);
     UsageEvent {
         schema_version: 1,
@@ -286,7 +301,7 @@ fn event(rng: &mut StdRng, i: usize, started_at: DateTime<Utc>) -> UsageEvent {
         completion_tokens: rng.random_range(0..2_000),
         gpu_seconds: Decimal::new(rng.random_range(1..50_000_000), 6),
         preempted_gpu_seconds: Decimal::new(rng.random_range(0..1_000), 6),
-        finish_reason: FINISH[rng.random_range(0..4)],
+        finish_reason: [F::Stop, F::Length, F::Cancelled, F::Error][rng.random_range(0..4)],
         ttft_ms: Some(120),
         tpot_ms: Some(8),
         replica_id: "r0".into(),
@@ -307,6 +322,18 @@ async fn create_topic(brokers: &str, topic: &str) -> Result<()> {
     Ok(())
 }
 
+/// The gateway relay's producer settings, with the given linger.
+fn producer(brokers: &str, linger_ms: &str) -> Result<FutureProducer> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", linger_ms)
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?)
+}
+
 /// Queues one message (waiting while librdkafka's queue is full).
 async fn send(p: &FutureProducer, topic: &str, key: &str, body: &[u8]) -> Result<DeliveryFuture> {
     loop {
@@ -318,6 +345,15 @@ async fn send(p: &FutureProducer, topic: &str, key: &str, body: &[u8]) -> Result
             Err((e, _)) => return Err(e.into()),
         }
     }
+}
+
+async fn delivered(acks: Vec<DeliveryFuture>) -> Result<()> {
+    for ack in acks {
+        ack.await
+            .context("delivery cancelled")?
+            .map_err(|(e, _)| e)?;
+    }
+    Ok(())
 }
 
 /// Ceiling (a): all N messages read from the broker and copied, as ingest does.
@@ -351,6 +387,11 @@ fn broker_read(brokers: &str, topic: &str, n: usize) -> Result<Duration> {
     Ok(started.elapsed())
 }
 
+/// Writes each value followed by a tab: COPY's text format.
+macro_rules! tsv {
+    ($buf:ident: $($value:expr),+) => { $( write!($buf, "{}\t", $value)?; )+ };
+}
+
 /// Ceiling (b): the same rows in one COPY (text format, 10k rows per send).
 async fn copy_raw(pool: &PgPool, events: &[UsageEvent], hashes: &[[u8; 32]]) -> Result<Duration> {
     let mut conn = pool.acquire().await?;
@@ -362,35 +403,18 @@ async fn copy_raw(pool: &PgPool, events: &[UsageEvent], hashes: &[[u8; 32]]) -> 
     let mut copy = conn.copy_in_raw(COPY).await?;
     let mut buf = String::with_capacity(4 << 20);
     for (i, (e, hash)) in events.iter().zip(hashes).enumerate() {
-        let (id, start, end) = (e.request_id.as_uuid(), ts(e.started_at), ts(e.finished_at));
         let first = opt(e.first_token_at.map(ts));
-        write!(
-            buf,
-            "{id}\t{}\t{}\t{}\t",
-            e.tenant_id, e.api_key_id, e.model
-        )?;
-        write!(
-            buf,
-            "{}\t{}\t{start}\t{first}\t{end}\t",
-            e.model_version, e.priority
-        )?;
-        write!(buf, "{}\t{}\t", e.prompt_tokens, e.cached_tokens)?;
-        write!(buf, "{}\t{}\t", e.completion_tokens, e.gpu_seconds)?;
-        write!(
-            buf,
-            "{}\t{}\t",
-            e.preempted_gpu_seconds,
-            e.finish_reason.as_str()
-        )?;
         let (ttft, tpot) = (
             opt(e.ttft_ms.map(|v| v.to_string())),
             opt(e.tpot_ms.map(|v| v.to_string())),
         );
-        write!(
-            buf,
-            "{ttft}\t{tpot}\t{}\t{}\t{}\t\\\\x",
-            e.replica_id, e.gateway_id, e.stream
-        )?;
+        tsv! {
+            buf: e.request_id.as_uuid(), e.tenant_id, e.api_key_id, e.model, e.model_version,
+            e.priority, ts(e.started_at), first, ts(e.finished_at), e.prompt_tokens,
+            e.cached_tokens, e.completion_tokens, e.gpu_seconds, e.preempted_gpu_seconds,
+            e.finish_reason.as_str(), ttft, tpot, e.replica_id, e.gateway_id, e.stream
+        }
+        buf.push_str("\\\\x");
         for b in hash {
             write!(buf, "{b:02x}")?;
         }
@@ -415,21 +439,16 @@ async fn copy_raw(pool: &PgPool, events: &[UsageEvent], hashes: &[[u8; 32]]) -> 
 struct Ingest {
     child: tokio::process::Child,
     pid: u32,
+    group: String,
     metrics_addr: std::net::SocketAddr,
     log: PathBuf,
     started: Instant,
 }
 
 impl Ingest {
-    fn start(
-        args: &Args,
-        (max_batch, linger_ms): (usize, u64),
-        url: &str,
-        topic: &str,
-        group: &str,
-        suffix: &str,
-    ) -> Result<Self> {
+    fn start(args: &Args, url: &str, topic: &str, suffix: &str) -> Result<Self> {
         let bin = std::env::current_exe()?.with_file_name("ingest");
+        let group = format!("bench-{suffix}");
         let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let log = std::env::temp_dir().join(format!("ingest-bench-{suffix}.log"));
         let out = std::fs::File::create(&log)?;
@@ -437,15 +456,17 @@ impl Ingest {
         cmd.env("DATABASE_URL", url)
             .env("KAFKA_BROKERS", &args.kafka_brokers)
             .env("INGEST_TOPIC", topic)
-            .env("INGEST_GROUP", group)
+            .env("INGEST_GROUP", &group)
             .env("INGEST_METRICS_ADDR", metrics_addr.to_string())
-            .env("INGEST_MAX_BATCH", max_batch.to_string())
-            .env("INGEST_LINGER_MS", linger_ms.to_string())
             .env("RUST_LOG", "info,rdkafka=warn")
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
             .kill_on_drop(true);
+        if let (Some(batch), Some(linger)) = (args.max_batch, args.linger_ms) {
+            cmd.env("INGEST_MAX_BATCH", batch.to_string());
+            cmd.env("INGEST_LINGER_MS", linger.to_string());
+        }
         let started = Instant::now();
         let child = cmd
             .spawn()
@@ -454,6 +475,7 @@ impl Ingest {
         Ok(Self {
             child,
             pid,
+            group,
             metrics_addr,
             log,
             started,
@@ -495,15 +517,8 @@ impl Ingest {
 /// A `/proc/<pid>/status` field in KiB (`VmRSS:`, `VmHWM:`).
 fn proc_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib = |l: &str| {
-        l.strip_prefix(field)?
-            .trim()
-            .strip_suffix("kB")?
-            .trim()
-            .parse()
-            .ok()
-    };
-    status.lines().find_map(kib)
+    let line = status.lines().find_map(|l| l.strip_prefix(field))?;
+    line.trim().trim_end_matches("kB").trim().parse().ok()
 }
 
 /// User + system CPU seconds of a process (Linux clock ticks are 1/100 s).
@@ -529,18 +544,17 @@ struct Bulk {
 }
 
 /// Polls the group's offsets in Postgres every 50 ms until they cover all N.
-async fn wait_ingested(pool: &PgPool, ingest: &mut Ingest, group: &str, n: usize) -> Result<Bulk> {
+async fn wait_ingested(pool: &PgPool, ingest: &mut Ingest, n: usize) -> Result<Bulk> {
     let (mut first, mut max_rss_kib) = (None, 0);
+    let query = "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets
+                 WHERE consumer_group = $1";
     loop {
         ingest.check_running()?;
         max_rss_kib = max_rss_kib.max(proc_kib(ingest.pid, "VmRSS:").unwrap_or(0));
-        let (done,): (i64,) = sqlx::query_as(
-            "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets
-             WHERE consumer_group = $1",
-        )
-        .bind(group)
-        .fetch_one(pool)
-        .await?;
+        let done: i64 = sqlx::query_scalar(query)
+            .bind(&ingest.group)
+            .fetch_one(pool)
+            .await?;
         let now = ingest.started.elapsed();
         if done > 0 && first.is_none() {
             first = Some((now, done));
@@ -562,19 +576,29 @@ async fn wait_ingested(pool: &PgPool, ingest: &mut Ingest, group: &str, n: usize
     }
 }
 
-/// M events at a fixed rate, started_at = now; returns produce → visible latencies in ms.
+struct Fresh {
+    latencies_ms: Vec<f64>,
+    /// How long the phase took, and the CPU this process used meanwhile.
+    secs: f64,
+    cpu_s: f64,
+}
+
+/// M events at a fixed rate, started_at = now, one send each, while
+/// [`poll_visible`] watches request_log.
 async fn freshness(
     args: &Args,
-    producer: &FutureProducer,
     topic: &str,
     pool: &PgPool,
     ingest: &mut Ingest,
     rng: &mut StdRng,
-) -> Result<Vec<f64>> {
+) -> Result<Fresh> {
     let (m, rate) = (args.fresh_events, f64::from(args.rate));
+    let cpu_before = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
+    let producer = producer(&args.kafka_brokers, FRESH_LINGER_MS)?;
     // Every bulk event started at least a minute ago: only new ids are >= this bound.
     let since = RequestId::lower_bound_at(Utc::now());
-    let deadline = Instant::now() + Duration::from_secs_f64(m as f64 / rate + 120.0);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(m as f64 / rate + 120.0);
     let poller = tokio::spawn(poll_visible(pool.clone(), since, m as i64, deadline));
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     let (mut sent, mut acks) = (Vec::with_capacity(m), Vec::with_capacity(m));
@@ -582,15 +606,13 @@ async fn freshness(
         tick.tick().await;
         let e = event(rng, i, millis(Utc::now().timestamp_millis())?);
         sent.push(Instant::now());
-        acks.push(send(producer, topic, &e.tenant_id, &e.to_json()).await?);
+        acks.push(send(&producer, topic, &e.tenant_id, &e.to_json()).await?);
     }
-    for ack in acks {
-        ack.await
-            .context("delivery cancelled")?
-            .map_err(|(e, _)| e)?;
-    }
+    delivered(acks).await?;
     ingest.check_running()?;
     let samples = poller.await??;
+    let secs = started.elapsed().as_secs_f64();
+    let cpu_s = cpu_seconds(std::process::id()).unwrap_or(f64::NAN) - cpu_before;
     let (mut polls, mut at) = (samples.iter(), None);
     let mut latencies = Vec::with_capacity(m);
     for (i, sent) in sent.iter().enumerate() {
@@ -602,7 +624,11 @@ async fn freshness(
             latencies.push(t.saturating_duration_since(*sent).as_secs_f64() * 1000.0);
         }
     }
-    Ok(latencies)
+    Ok(Fresh {
+        latencies_ms: latencies,
+        secs,
+        cpu_s,
+    })
 }
 
 /// (time, count of new request_log rows), every ~10 ms until all M are there.
@@ -615,10 +641,13 @@ async fn poll_visible(
     let mut samples = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let query = "SELECT count(*) FROM request_log WHERE request_id >= $1";
     loop {
         tick.tick().await;
-        let query = "SELECT count(*) FROM request_log WHERE request_id >= $1";
-        let (count,): (i64,) = sqlx::query_as(query).bind(since).fetch_one(&pool).await?;
+        let count: i64 = sqlx::query_scalar(query)
+            .bind(since)
+            .fetch_one(&pool)
+            .await?;
         samples.push((Instant::now(), count));
         if count >= m {
             return Ok(samples);

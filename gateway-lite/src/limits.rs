@@ -1,0 +1,467 @@
+//! Per-key limits: requests/min and tokens/min per (API key, model), and a
+//! per-tenant cap on concurrent in-flight requests.
+//!
+//! Both per-minute limits are token buckets that hold at most one minute's
+//! allowance and refill continuously (`limit / 60` per second). A request
+//! takes one request token and, at admission, its token *estimate*
+//! (prompt + min(max_tokens, max_output)); when it ends, [`Permit::settle`]
+//! puts back the difference between the estimate and what it actually used,
+//! at once. A request whose estimate is larger than a whole minute's
+//! allowance is admitted when the bucket is full and leaves it in debt, so
+//! it is slow, never impossible.
+//!
+//! Time is passed in (`now: Instant`), so the arithmetic is tested with a
+//! virtual clock. All state is in memory: a gateway restart starts every
+//! bucket full.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::tenants::Caller;
+
+/// Which limit turned a request away; also the OpenAI error `type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LimitKind {
+    Requests,
+    Tokens,
+    Concurrency,
+}
+
+impl LimitKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Requests => "requests",
+            Self::Tokens => "tokens",
+            Self::Concurrency => "concurrency",
+        }
+    }
+}
+
+/// A request turned away, and how long until it could pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejected {
+    pub limit: LimitKind,
+    /// The least time until the limit would let this request through.
+    pub wait: Duration,
+    pub message: String,
+}
+
+/// One limit's figures for the `x-ratelimit-*` headers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    pub limit: u64,
+    pub remaining: u64,
+    /// Until the bucket is full again.
+    pub reset: Duration,
+}
+
+/// The figures behind the `x-ratelimit-*` headers for one key and model.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RateStatus {
+    pub requests: Option<Window>,
+    pub tokens: Option<Window>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    level: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn full(capacity: f64, now: Instant) -> Self {
+        Self {
+            level: capacity,
+            at: now,
+        }
+    }
+
+    /// Refills for the time since the last look; the capacity may have
+    /// changed since (limits are reloaded), so the level is clamped to it.
+    fn refill(&mut self, capacity: f64, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.level = (self.level + capacity * elapsed / 60.0).min(capacity);
+        self.at = now.max(self.at);
+    }
+
+    /// Time until the level reaches `need` (zero if it already has).
+    fn wait_for(&self, need: f64, capacity: f64) -> Duration {
+        if self.level >= need || capacity <= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64((need - self.level) * 60.0 / capacity)
+    }
+
+    fn window(&self, capacity: f64) -> Window {
+        Window {
+            limit: capacity as u64,
+            remaining: self.level.max(0.0).floor() as u64,
+            reset: self.wait_for(capacity, capacity),
+        }
+    }
+}
+
+#[derive(Default)]
+struct KeyBuckets {
+    requests: Option<Bucket>,
+    tokens: Option<Bucket>,
+}
+
+#[derive(Default)]
+struct State {
+    /// (api_key_id, model) → buckets.
+    buckets: HashMap<(String, String), KeyBuckets>,
+    /// tenant → requests in flight.
+    in_flight: HashMap<String, u32>,
+}
+
+/// The limiter; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Limiter {
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter").finish_non_exhaustive()
+    }
+}
+
+impl Limiter {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state is plain numbers, always consistent between statements.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Admits one request of `estimate` tokens for `caller` on `model`, or
+    /// says which limit it is over. Nothing is charged when it is rejected.
+    pub fn admit(
+        &self,
+        caller: &Caller,
+        model: &str,
+        estimate: u64,
+        now: Instant,
+    ) -> Result<Permit, Rejected> {
+        let limits = caller.limits_for(model);
+        let mut state = self.lock();
+        let key = (caller.api_key_id.clone(), model.to_owned());
+        let entry = state.buckets.entry(key.clone()).or_default();
+        let rpm = limits.rpm.map(f64::from);
+        let tpm = limits.tpm.map(|t| t as f64);
+        if let Some(cap) = rpm {
+            let b = entry.requests.get_or_insert_with(|| Bucket::full(cap, now));
+            b.refill(cap, now);
+            if b.level < 1.0 {
+                return Err(Rejected {
+                    limit: LimitKind::Requests,
+                    wait: b.wait_for(1.0, cap),
+                    message: format!(
+                        "rate limit reached for requests on {model}: {} per minute for this key",
+                        cap as u64
+                    ),
+                });
+            }
+        }
+        if let Some(cap) = tpm {
+            let b = entry.tokens.get_or_insert_with(|| Bucket::full(cap, now));
+            b.refill(cap, now);
+            let need = (estimate as f64).min(cap);
+            if b.level < need {
+                return Err(Rejected {
+                    limit: LimitKind::Tokens,
+                    wait: b.wait_for(need, cap),
+                    message: format!(
+                        "rate limit reached for tokens on {model}: {} per minute for this key, \
+                         this request needs about {estimate}",
+                        cap as u64
+                    ),
+                });
+            }
+        }
+        let in_flight = state.in_flight.get(&caller.tenant_id).copied().unwrap_or(0);
+        if let Some(cap) = caller.max_concurrency {
+            if in_flight >= cap {
+                return Err(Rejected {
+                    limit: LimitKind::Concurrency,
+                    wait: Duration::from_secs(1),
+                    message: format!(
+                        "too many concurrent requests: this tenant may have {cap} in flight"
+                    ),
+                });
+            }
+        }
+        let entry = state.buckets.entry(key.clone()).or_default();
+        if let Some(b) = entry.requests.as_mut() {
+            b.level -= 1.0;
+        }
+        let charged = match entry.tokens.as_mut() {
+            Some(b) => {
+                b.level -= estimate as f64;
+                estimate
+            }
+            None => 0,
+        };
+        state
+            .in_flight
+            .insert(caller.tenant_id.clone(), in_flight + 1);
+        crate::telemetry::active_requests(&caller.tenant_id, in_flight + 1);
+        Ok(Permit {
+            limiter: self.clone(),
+            key,
+            tenant: caller.tenant_id.clone(),
+            tpm,
+            charged,
+            settled: false,
+        })
+    }
+
+    /// The current figures for `caller` on `model` (buckets not yet used are full).
+    pub fn status(&self, caller: &Caller, model: &str, now: Instant) -> RateStatus {
+        let limits = caller.limits_for(model);
+        let mut state = self.lock();
+        let mut entry = state
+            .buckets
+            .get_mut(&(caller.api_key_id.clone(), model.to_owned()));
+        let mut window = |cap: Option<f64>, pick: fn(&mut KeyBuckets) -> &mut Option<Bucket>| {
+            let cap = cap?;
+            let bucket = match entry.as_deref_mut().and_then(|e| pick(e).as_mut()) {
+                Some(b) => {
+                    b.refill(cap, now);
+                    *b
+                }
+                None => Bucket::full(cap, now),
+            };
+            Some(bucket.window(cap))
+        };
+        let requests = window(limits.rpm.map(f64::from), |e| &mut e.requests);
+        let tokens = window(limits.tpm.map(|t| t as f64), |e| &mut e.tokens);
+        RateStatus { requests, tokens }
+    }
+
+    /// Requests in flight for `tenant`.
+    pub fn in_flight(&self, tenant: &str) -> u32 {
+        self.lock().in_flight.get(tenant).copied().unwrap_or(0)
+    }
+}
+
+/// An admitted request's hold on its limits: releases its concurrency slot
+/// when dropped; [`Permit::settle`] reconciles the token estimate.
+#[derive(Debug)]
+pub struct Permit {
+    limiter: Limiter,
+    key: (String, String),
+    tenant: String,
+    tpm: Option<f64>,
+    charged: u64,
+    settled: bool,
+}
+
+impl Permit {
+    /// Replaces the estimate charged at admission with the tokens actually
+    /// used (prompt + completion): the difference is refunded at once (or,
+    /// if it used more, charged). Only the first call counts.
+    pub fn settle(&mut self, actual: u64, now: Instant) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        let Some(cap) = self.tpm else { return };
+        let mut state = self.limiter.lock();
+        if let Some(b) = state
+            .buckets
+            .get_mut(&self.key)
+            .and_then(|e| e.tokens.as_mut())
+        {
+            b.refill(cap, now);
+            b.level = (b.level + self.charged as f64 - actual as f64).min(cap);
+        }
+    }
+
+    /// The tokens charged at admission.
+    pub fn charged(&self) -> u64 {
+        self.charged
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut state = self.limiter.lock();
+        if let Some(n) = state.in_flight.get_mut(&self.tenant) {
+            *n = n.saturating_sub(1);
+            crate::telemetry::active_requests(&self.tenant, *n);
+            if *n == 0 {
+                state.in_flight.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+/// A duration as OpenAI writes it in `x-ratelimit-reset-*`: `20ms`, `1s`,
+/// `6m0s`, `1h2m3s` (seconds rounded up).
+pub fn format_reset(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+        return if ms >= 1000 {
+            "1s".to_owned()
+        } else {
+            format!("{ms}ms")
+        };
+    }
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() != 0);
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    if h > 0 {
+        format!("{h}h{m}m{s}s")
+    } else if m > 0 {
+        format!("{m}m{s}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// Sets the `x-ratelimit-*` headers a limit applies to.
+pub fn apply_headers(headers: &mut HeaderMap, status: &RateStatus) {
+    for (suffix, window) in [("requests", status.requests), ("tokens", status.tokens)] {
+        let Some(w) = window else { continue };
+        for (name, value) in [
+            (format!("x-ratelimit-limit-{suffix}"), w.limit.to_string()),
+            (
+                format!("x-ratelimit-remaining-{suffix}"),
+                w.remaining.to_string(),
+            ),
+            (format!("x-ratelimit-reset-{suffix}"), format_reset(w.reset)),
+        ] {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::try_from(name),
+                HeaderValue::try_from(value.as_str()),
+            ) {
+                headers.insert(n, v);
+            }
+        }
+    }
+}
+
+/// `Retry-After` in whole seconds: the wait rounded up plus up to two
+/// seconds of jitter, so rejected clients do not come back in lockstep.
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    let jitter: f64 = rand::random::<f64>() * 2.0;
+    (wait.as_secs_f64() + jitter).ceil().max(1.0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use super::*;
+    use crate::tenants::ModelLimits;
+
+    fn caller(rpm: Option<u32>, tpm: Option<u64>, conc: Option<u32>) -> Caller {
+        let limits = ModelLimits {
+            rpm,
+            tpm,
+            max_context: None,
+            max_output: None,
+        };
+        Caller {
+            tenant_id: "t".into(),
+            api_key_id: "k".into(),
+            priority: 3,
+            max_concurrency: conc,
+            limits: Arc::new(HashMap::from([("*".to_owned(), limits)])),
+        }
+    }
+
+    #[test]
+    fn requests_per_minute_trip_and_refill() {
+        let l = Limiter::default();
+        let c = caller(Some(3), None, None);
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            drop(l.admit(&c, "m", 10, t0).unwrap());
+        }
+        let r = l.admit(&c, "m", 10, t0).unwrap_err();
+        assert_eq!(r.limit, LimitKind::Requests);
+        assert_eq!(r.wait, Duration::from_secs(20));
+        // 20 s later one request token is back.
+        assert!(l.admit(&c, "m", 10, t0 + Duration::from_secs(20)).is_ok());
+        // Another model has its own bucket.
+        assert!(l.admit(&c, "other", 10, t0).is_ok());
+    }
+
+    #[test]
+    fn tokens_are_refunded_at_settle() {
+        let l = Limiter::default();
+        let c = caller(None, Some(1000), None);
+        let t0 = Instant::now();
+        let mut p = l.admit(&c, "m", 800, t0).unwrap();
+        assert_eq!(l.status(&c, "m", t0).tokens.unwrap().remaining, 200);
+        let r = l.admit(&c, "m", 300, t0).unwrap_err();
+        assert_eq!(r.limit, LimitKind::Tokens);
+        p.settle(100, t0);
+        p.settle(0, t0);
+        assert_eq!(l.status(&c, "m", t0).tokens.unwrap().remaining, 900);
+        assert!(l.admit(&c, "m", 300, t0).is_ok());
+    }
+
+    #[test]
+    fn an_estimate_above_a_minute_waits_for_a_full_bucket() {
+        let l = Limiter::default();
+        let c = caller(None, Some(100), None);
+        let t0 = Instant::now();
+        let mut p = l.admit(&c, "m", 250, t0).unwrap();
+        p.settle(250, t0);
+        let r = l.admit(&c, "m", 250, t0).unwrap_err();
+        // From -150 back to a full 100 takes 250/100 of a minute.
+        assert_eq!(r.wait, Duration::from_secs(150));
+        assert!(l.admit(&c, "m", 250, t0 + Duration::from_secs(150)).is_ok());
+    }
+
+    #[test]
+    fn concurrency_slot_is_released_on_drop() {
+        let l = Limiter::default();
+        let c = caller(None, None, Some(2));
+        let t0 = Instant::now();
+        let a = l.admit(&c, "m", 1, t0).unwrap();
+        let _b = l.admit(&c, "x", 1, t0).unwrap();
+        assert_eq!(
+            l.admit(&c, "m", 1, t0).unwrap_err().limit,
+            LimitKind::Concurrency
+        );
+        drop(a);
+        assert_eq!(l.in_flight("t"), 1);
+        assert!(l.admit(&c, "m", 1, t0).is_ok());
+    }
+
+    #[test]
+    fn rejection_charges_nothing() {
+        let l = Limiter::default();
+        let c = caller(Some(10), Some(100), Some(1));
+        let t0 = Instant::now();
+        let _held = l.admit(&c, "m", 10, t0).unwrap();
+        assert!(l.admit(&c, "m", 10, t0).is_err());
+        let s = l.status(&c, "m", t0);
+        assert_eq!(s.requests.unwrap().remaining, 9);
+        assert_eq!(s.tokens.unwrap().remaining, 90);
+    }
+
+    #[test]
+    fn reset_durations_read_like_openai() {
+        assert_eq!(format_reset(Duration::from_millis(20)), "20ms");
+        assert_eq!(format_reset(Duration::from_secs(1)), "1s");
+        assert_eq!(format_reset(Duration::from_millis(1500)), "2s");
+        assert_eq!(format_reset(Duration::from_secs(360)), "6m0s");
+        assert_eq!(format_reset(Duration::from_secs(3723)), "1h2m3s");
+        assert_eq!(format_reset(Duration::ZERO), "0ms");
+    }
+
+    #[test]
+    fn retry_after_is_jittered_and_at_least_the_wait() {
+        let seen: std::collections::HashSet<u64> = (0..200)
+            .map(|_| retry_after_secs(Duration::from_millis(1500)))
+            .collect();
+        assert!(seen.iter().all(|s| (2..=4).contains(s)), "{seen:?}");
+        assert!(seen.len() > 1, "not a bare constant: {seen:?}");
+    }
+}

@@ -1,0 +1,190 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+//! Each limit trips with 429, the limit's name as the error `type`, a
+//! `Retry-After` and the `x-ratelimit-*` headers; rejected requests are
+//! never billed.
+
+use serde_json::{json, Value};
+use tests::gateway::{
+    read_sse, seed_tenant, start_gateway, start_ingest, wait_for_log, TenantLimits,
+};
+use tests::TestStack;
+
+const HEADERS: [&str; 6] = [
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+];
+
+fn body(max_tokens: u32, stream: bool) -> Value {
+    json!({
+        "model": "llama-3.1-8b",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+}
+
+fn header<'a>(res: &'a reqwest::Response, name: &str) -> &'a str {
+    res.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("missing {name}"))
+        .to_str()
+        .unwrap()
+}
+
+async fn expect_429(res: reqwest::Response, limit: &str) {
+    assert_eq!(res.status(), 429, "{limit}");
+    for h in HEADERS {
+        header(&res, h);
+    }
+    let retry: u64 = header(&res, "retry-after").parse().unwrap();
+    assert!((1..=120).contains(&retry), "Retry-After {retry}");
+    assert!(res.headers().contains_key("x-request-id"));
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(v["error"]["type"], limit, "{v}");
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded", "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .is_some_and(|m| !m.is_empty()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_limit_trips_with_its_type_and_headers_and_rejections_are_not_billed() {
+    let stack = TestStack::new("gwlimits").await;
+    let big = TenantLimits {
+        rpm: Some(1000),
+        tpm: Some(1_000_000),
+        ..Default::default()
+    };
+    seed_tenant(
+        &stack,
+        "rpm-tenant",
+        "sk-test-rpm",
+        TenantLimits {
+            rpm: Some(3),
+            ..big
+        },
+    )
+    .await;
+    seed_tenant(
+        &stack,
+        "tpm-tenant",
+        "sk-test-tpm",
+        TenantLimits {
+            tpm: Some(100),
+            ..big
+        },
+    )
+    .await;
+    seed_tenant(
+        &stack,
+        "conc-tenant",
+        "sk-test-conc",
+        TenantLimits {
+            max_concurrency: Some(1),
+            ..big
+        },
+    )
+    .await;
+    let (gateway, url) = start_gateway(&stack, 1).await;
+    let ingest = start_ingest(&stack);
+    let client = reqwest::Client::new();
+    let chat = format!("{url}/v1/chat/completions");
+    let send = |key: &'static str, b: Value| client.post(&chat).bearer_auth(key).json(&b).send();
+
+    // Requests per minute: 3 pass, the 4th is turned away.
+    for n in 0..3 {
+        let res = send("sk-test-rpm", body(5, false)).await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(header(&res, "x-ratelimit-limit-requests"), "3");
+        assert_eq!(
+            header(&res, "x-ratelimit-remaining-requests"),
+            (2 - n).to_string()
+        );
+        assert_eq!(header(&res, "x-ratelimit-limit-tokens"), "1000000");
+        let reset = header(&res, "x-ratelimit-reset-requests");
+        assert!(reset.ends_with('s'), "{reset}");
+    }
+    expect_429(
+        send("sk-test-rpm", body(5, false)).await.unwrap(),
+        "requests",
+    )
+    .await;
+    // Errors of an authenticated request carry the headers too.
+    let res = client
+        .post(&chat)
+        .bearer_auth("sk-test-rpm")
+        .json(&json!({"model": "llama-3.1-8b", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    header(&res, "x-ratelimit-remaining-requests");
+
+    // Tokens per minute: the estimate (prompt + max_tokens) is charged at
+    // admission, the actual count kept; a second one no longer fits.
+    let res = send("sk-test-tpm", body(90, false)).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let remaining: u64 = header(&res, "x-ratelimit-remaining-tokens")
+        .parse()
+        .unwrap();
+    let v: Value = res.json().await.unwrap();
+    let used = v["usage"]["total_tokens"].as_u64().unwrap();
+    assert!(
+        (100 - used..=100 - used + 2).contains(&remaining),
+        "the estimate was reconciled to the {used} tokens used, remaining {remaining}"
+    );
+    expect_429(
+        send("sk-test-tpm", body(90, false)).await.unwrap(),
+        "tokens",
+    )
+    .await;
+
+    // Concurrency: one stream open, a second request is turned away, and
+    // the streaming response carries the headers.
+    let mut open = send("sk-test-conc", body(500, true)).await.unwrap();
+    assert_eq!(open.status(), 200);
+    for h in HEADERS {
+        header(&open, h);
+    }
+    assert_eq!(read_sse(&mut open, 2).await.len(), 2);
+    expect_429(
+        send("sk-test-conc", body(5, false)).await.unwrap(),
+        "concurrency",
+    )
+    .await;
+    drop(open);
+
+    // Billed: 3 + 1 + 1 admitted requests, none of the rejected ones.
+    wait_for_log(&stack, "rpm-tenant", 3, &[&gateway, &ingest]).await;
+    wait_for_log(&stack, "tpm-tenant", 1, &[&gateway, &ingest]).await;
+    let conc = wait_for_log(&stack, "conc-tenant", 1, &[&gateway, &ingest]).await;
+    assert_eq!(conc.values().next().unwrap().0, "cancelled");
+
+    // The slot is free again once the stream ended.
+    let res = send("sk-test-conc", body(5, false)).await.unwrap();
+    assert_eq!(res.status(), 200);
+
+    let metrics = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for reason in ["requests", "tokens", "concurrency"] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("gateway_rejections_total")
+                    && l.contains(&format!("reason=\"{reason}\""))),
+            "rejections by {reason}:\n{metrics}"
+        );
+    }
+    assert!(metrics.contains("gateway_active_requests"), "{metrics}");
+    assert!(metrics.contains("gateway_tokens_remaining"), "{metrics}");
+}
