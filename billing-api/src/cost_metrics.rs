@@ -67,7 +67,7 @@ async fn render(pool: &PgPool) -> Result<String, BillingError> {
                 .filter(|l| matches!(l.kind, LineKind::Usage | LineKind::Discount))
             {
                 if let Some(p) = l.priority {
-                    *cost.entry((body.tenant_id.clone(), p)).or_default() += l.amount;
+                    *cost.entry((body.head.tenant_id.clone(), p)).or_default() += l.amount;
                 }
             }
         }

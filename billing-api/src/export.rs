@@ -46,11 +46,11 @@ pub fn invoices_csv(invoices: &[Invoice]) -> Result<String, BillingError> {
         let b = &inv.body;
         for l in &b.lines {
             w.write_record([
-                b.tenant_id.as_str(),
-                &b.period,
+                b.head.tenant_id.as_str(),
+                &b.head.period,
                 status(inv),
                 &inv.number.map(|n| n.to_string()).unwrap_or_default(),
-                &b.currency,
+                &b.head.currency,
                 kind(l.kind),
                 &l.description,
                 l.model.as_deref().unwrap_or(""),
@@ -109,14 +109,18 @@ fn focus_rows(invoices: &[Invoice]) -> Vec<FocusRow<'_>> {
                 _ => (Decimal::ONE, "Each".to_owned()),
             };
             rows.push(FocusRow {
-                currency: &b.currency,
-                period_start: b.period_start,
-                period_end: b.period_end,
+                currency: &b.head.currency,
+                period_start: b.head.period_start,
+                period_end: b.head.period_end,
                 category,
                 class,
                 description: &l.description,
                 // Shadow tenants are shown what they would pay, never billed.
-                billed: if b.shadow { Decimal::ZERO } else { l.amount },
+                billed: if b.head.shadow {
+                    Decimal::ZERO
+                } else {
+                    l.amount
+                },
                 effective: l.amount,
                 list: if l.kind == LineKind::Discount {
                     Decimal::ZERO
@@ -128,7 +132,7 @@ fn focus_rows(invoices: &[Invoice]) -> Vec<FocusRow<'_>> {
                 pricing_unit,
                 consumed_quantity: l.quantity,
                 consumed_unit: consumed_unit(&l.unit),
-                tenant: &b.tenant_id,
+                tenant: &b.head.tenant_id,
                 sku: match (&l.model, l.priority) {
                     (Some(m), Some(p)) => format!("{m}:{}:P{p}", l.unit),
                     _ => kind(l.kind).to_owned(),

@@ -24,16 +24,8 @@ pub struct UsageTotals {
 /// The content of an invoice: every figure on it, nothing about its state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InvoiceBody {
-    pub tenant_id: String,
-    pub period: String,
-    pub period_start: DateTime<Utc>,
-    pub period_end: DateTime<Utc>,
-    pub time_zone: String,
-    pub currency: String,
-    pub price_book: String,
-    pub billing_mode: BillingMode,
-    /// Shadow invoices are computed and shown, never payable.
-    pub shadow: bool,
+    #[serde(flatten)]
+    pub head: InvoiceHead,
     pub usage: UsageTotals,
     pub lines: Vec<Line>,
     /// Usage and discount lines.
@@ -62,15 +54,7 @@ impl InvoiceBody {
         let overhead = sum(&[LineKind::Overhead]);
         let adjustments = sum(&[LineKind::Adjustment]);
         Self {
-            tenant_id: head.tenant_id,
-            period: head.period,
-            period_start: head.period_start,
-            period_end: head.period_end,
-            time_zone: head.time_zone,
-            currency: head.currency,
-            price_book: head.price_book,
-            billing_mode: head.billing_mode,
-            shadow: head.shadow,
+            head,
             usage,
             total: lines.iter().map(|l| l.amount).sum(),
             lines,
@@ -92,7 +76,7 @@ impl InvoiceBody {
 }
 
 /// Who and when an invoice is for, before any figures.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InvoiceHead {
     pub tenant_id: String,
     pub period: String,
@@ -102,6 +86,7 @@ pub struct InvoiceHead {
     pub currency: String,
     pub price_book: String,
     pub billing_mode: BillingMode,
+    /// Shadow invoices are computed and shown, never payable.
     pub shadow: bool,
 }
 

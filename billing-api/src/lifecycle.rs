@@ -39,7 +39,7 @@ fn from_row(row: Row) -> Invoice {
         Status::Finalized
     };
     Invoice {
-        payable: status == Status::Finalized && !row.content.0.shadow,
+        payable: status == Status::Finalized && !row.content.0.head.shadow,
         status,
         number: Some(row.number),
         content_hash: row.hash,
@@ -99,7 +99,7 @@ pub async fn current_many(
         drafts::drafts(pool, month, Some(&missing))
             .await?
             .into_iter()
-            .map(|b| (b.tenant_id.clone(), Invoice::draft(b)))
+            .map(|b| (b.head.tenant_id.clone(), Invoice::draft(b)))
             .collect()
     };
     Ok(ids
@@ -143,10 +143,10 @@ pub async fn finalize(
         .await?
         .pop()
         .ok_or(BillingError::NotFound)?;
-    if now < body.period_end {
+    if now < body.head.period_end {
         return Err(BillingError::Conflict(format!(
             "{month} for {tenant} ends at {}; it can be finalized after that",
-            body.period_end.to_rfc3339()
+            body.head.period_end.to_rfc3339()
         )));
     }
     let hash = body.content_hash();
