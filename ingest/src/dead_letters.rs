@@ -6,10 +6,11 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use usage_contract::decode;
+use uuid::Uuid;
 
-use crate::batch::{Candidate, Decoded};
+use crate::batch::{Candidate, Decoded, Rejected};
 use crate::store::{apply, Partitions};
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -115,4 +116,48 @@ pub async fn redrive(
         tx.commit().await?;
     }
     Ok(report)
+}
+
+/// Stores rejected messages. A message already dead-lettered (same topic,
+/// partition, offset) is not stored twice.
+pub(crate) async fn insert_dead_letters(
+    conn: &mut PgConnection,
+    rejected: &[Rejected],
+) -> Result<u64, sqlx::Error> {
+    if rejected.is_empty() {
+        return Ok(0);
+    }
+    let topic = usage_contract::TOPIC;
+    let partition: Vec<i32> = rejected.iter().map(|r| r.partition).collect();
+    let offset: Vec<i64> = rejected.iter().map(|r| r.offset).collect();
+    let raw: Vec<&[u8]> = rejected.iter().map(|r| r.raw.as_slice()).collect();
+    let code: Vec<&str> = rejected.iter().map(|r| r.violation.code()).collect();
+    // Postgres text can't hold NUL, and a reason may quote the bad input.
+    let reason: Vec<String> = rejected
+        .iter()
+        .map(|r| r.violation.to_string().replace('\0', "\u{fffd}"))
+        .collect();
+    let request_id: Vec<Option<Uuid>> = rejected.iter().map(|r| r.request_id).collect();
+    let tenant: Vec<Option<&str>> = rejected.iter().map(|r| r.tenant_id.as_deref()).collect();
+    let stored: Vec<Option<&serde_json::Value>> =
+        rejected.iter().map(|r| r.stored_version.as_ref()).collect();
+    let result = sqlx::query(
+        "INSERT INTO dead_letters (topic, kafka_partition, kafka_offset, raw, reason_code,
+             reason, request_id, tenant_id, stored_version)
+         SELECT $1, * FROM UNNEST($2::integer[], $3::bigint[], $4::bytea[], $5::text[],
+             $6::text[], $7::uuid[], $8::text[], $9::jsonb[])
+         ON CONFLICT (topic, kafka_partition, kafka_offset) DO NOTHING",
+    )
+    .bind(topic)
+    .bind(partition)
+    .bind(offset)
+    .bind(raw)
+    .bind(code)
+    .bind(reason)
+    .bind(request_id)
+    .bind(tenant)
+    .bind(stored)
+    .execute(conn)
+    .await?;
+    Ok(result.rows_affected())
 }

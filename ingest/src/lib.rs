@@ -10,6 +10,7 @@
 //! - [`batcher`]: size/time batches, retries, fencing
 //! - [`batch`]: pure rules: decode, in-batch repeats, duplicate vs conflict, hourly sums
 //! - [`store`]: the one transaction per batch
+//! - [`request_rows`], [`hourly`]: its request_log insert and usage_hourly upsert
 //! - [`offsets`]: offsets in Postgres, moved by compare-and-set
 //! - [`dead_letters`]: list and re-drive
 //! - [`telemetry`]: Prometheus metrics
@@ -26,7 +27,9 @@ pub mod config;
 pub mod consumer;
 pub mod dead_letters;
 pub mod error;
+pub mod hourly;
 pub mod offsets;
+pub mod request_rows;
 pub mod service;
 pub mod store;
 pub mod telemetry;
