@@ -6,6 +6,8 @@
 #   scripts/stack.sh status          one line per component; exit 1 if something is not running
 #   scripts/stack.sh env             print .stack/env (eval "$(scripts/stack.sh env)", or source it)
 #   scripts/stack.sh restart-broker  kill -9 the broker and start it again (fault drills)
+#   scripts/stack.sh stop-broker     stop the broker stack.sh started, leaving it down (outage tests)
+#   scripts/stack.sh start-broker    start it again after stop-broker (nothing if it is running)
 #   scripts/stack.sh restart-postgres  restart the Postgres server the stack uses (fault drills)
 #
 # Postgres: $DATABASE_URL if set; else the server on 127.0.0.1:5432 if one answers; else a
@@ -284,6 +286,19 @@ start_broker() {
   die "the nisshi broker did not accept connections on $BROKER_HOST:$BROKER_PORT within ${WAIT_SECS}s; see $NISSHI_LOG"
 }
 
+# SIGTERM to the broker in BROKER_PID, SIGKILL if it is still there after 10 s.
+stop_broker() {
+  say "stopping nisshi broker (pid $BROKER_PID)"
+  kill "$BROKER_PID" 2>/dev/null || true
+  local i
+  for ((i = 0; i < 40; i++)); do pid_running "$BROKER_PID" || break; sleep 0.25; done
+  if pid_running "$BROKER_PID"; then
+    warn "broker pid $BROKER_PID ignored SIGTERM for 10s; sending SIGKILL"
+    kill -9 "$BROKER_PID" 2>/dev/null || true
+    while pid_running "$BROKER_PID"; do sleep 0.1; done
+  fi
+}
+
 create_topic() {
   local out rc=0
   out="$(nisshi timeout 60 topic create "$TOPIC" --partitions "$PARTITIONS" --broker "$BROKER_URL" 2>&1)" || rc=$?
@@ -373,14 +388,7 @@ cmd_down() {
   lock
   load_state
   if broker_alive; then
-    say "stopping nisshi broker (pid $BROKER_PID)"
-    kill "$BROKER_PID" 2>/dev/null || true
-    local i
-    for ((i = 0; i < 40; i++)); do pid_running "$BROKER_PID" || break; sleep 0.25; done
-    if pid_running "$BROKER_PID"; then
-      warn "broker pid $BROKER_PID ignored SIGTERM for 10s; sending SIGKILL"
-      kill -9 "$BROKER_PID" 2>/dev/null || true
-    fi
+    stop_broker
   elif [ "$S_KAFKA_MODE" = reused ]; then
     say "leaving the Kafka broker on $S_KAFKA_BROKERS alone (not started by stack.sh)"
   fi
@@ -477,6 +485,26 @@ cmd_restart_broker() {
   start_broker
 }
 
+cmd_stop_broker() {
+  lock
+  load_state
+  [ "$S_KAFKA_MODE" = managed ] || die "no broker started by stack.sh to stop (kafka: ${S_KAFKA_MODE:-not up}); run scripts/stack.sh up"
+  if broker_alive; then stop_broker; else say "nisshi broker is not running"; fi
+  rm -f "$NISSHI_PID_FILE"
+}
+
+cmd_start_broker() {
+  lock
+  load_state
+  [ "$S_KAFKA_MODE" = managed ] || die "no broker started by stack.sh to start (kafka: ${S_KAFKA_MODE:-not up}); run scripts/stack.sh up"
+  NISSHI_BIN=$S_NISSHI_BIN NISSHI_STORAGE=$S_NISSHI_STORAGE
+  if broker_alive; then
+    say "nisshi broker already running on $S_KAFKA_BROKERS (pid $BROKER_PID)"
+  else
+    start_broker
+  fi
+}
+
 case "$CMD" in
   up) cmd_up ;;
   down) cmd_down ;;
@@ -484,5 +512,7 @@ case "$CMD" in
   env) [ -f "$ENV_FILE" ] || die "no .stack/env; run scripts/stack.sh up"; cat "$ENV_FILE" ;;
   restart-broker) cmd_restart_broker ;;
   restart-postgres) cmd_restart_postgres ;;
-  *) printf 'usage: scripts/stack.sh up|down|status|env|restart-broker|restart-postgres\n' >&2; exit 2 ;;
+  stop-broker) cmd_stop_broker ;;
+  start-broker) cmd_start_broker ;;
+  *) printf 'usage: scripts/stack.sh up|down|status|env|restart-broker|restart-postgres|stop-broker|start-broker\n' >&2; exit 2 ;;
 esac

@@ -1,0 +1,351 @@
+//! Two capacity figures for the README:
+//!
+//! 1. The outbox's durable append rate: many concurrent appenders, each
+//!    waiting for its event's fsync'd group commit (what every request does
+//!    before it is answered), on a file in the system temp directory.
+//! 2. The gateway's resident memory with 1,000 open streams: the real
+//!    `gateway-lite` binary (next to this one: `cargo build --release --bins`)
+//!    with the engine in real time (`ENGINE_SPEEDUP=1`), so the streams stay
+//!    open (1,000 slots, each opening its next stream when one ends); VmRSS
+//!    from `/proc/<pid>/status`, sampled while all slots are in flight. Needs Postgres (`DATABASE_URL`,
+//!    it uses its own database `meterline_bench`) and the broker
+//!    (`KAFKA_BROKERS`, topic `usage.events.v1.bench`): `scripts/stack.sh up`.
+//!
+//! `cargo run --release -p gateway-lite --bin gateway-capacity -- [outbox seconds] [streams]`
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use gateway_lite::outbox::Outbox;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::ClientConfig;
+use serde_json::json;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection};
+
+const KEY: &str = "sk-bench-streams-0001";
+const TOPIC: &str = "usage.events.v1.bench";
+const DATABASE: &str = "meterline_bench";
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let secs: u64 = args.get(1).map_or(Ok(5), |a| a.parse())?;
+    let streams: usize = args.get(2).map_or(Ok(1000), |a| a.parse())?;
+    let mut out = Vec::new();
+    for appenders in [1, 100, 1000, 4000] {
+        out.push(outbox_rate(appenders, secs).await?);
+        eprintln!("{}", out.last().map_or("", String::as_str));
+    }
+    out.push(stream_memory(streams).await?);
+    eprintln!("---");
+    eprintln!("{}", out.join("\n"));
+    Ok(())
+}
+
+/// A usage event's size: the relay stores the contract's JSON, ~500 bytes.
+fn payload(i: u64) -> Vec<u8> {
+    json!({
+        "schema_version": 1,
+        "request_id": format!("req_0190f3a2-7b1c-7d4e-9a2b-{i:012x}"),
+        "tenant_id": "acme-corp",
+        "api_key_id": "key_acme_demo",
+        "model": "llama-3.1-70b",
+        "model_version": "70b-2026.10",
+        "priority": 5,
+        "started_at": "2026-11-29T20:19:28.123Z",
+        "finished_at": "2026-11-29T20:19:29.456Z",
+        "prompt_tokens": 212,
+        "cached_tokens": 64,
+        "completion_tokens": 187,
+        "gpu_seconds": "0.912345678",
+        "finish_reason": "stop",
+        "stream": false,
+        "gateway_id": "gw-1",
+        "ttft_ms": 41,
+        "e2e_ms": 1333,
+        "content_hash": "9f2c4e7a1b3d5f6081a2c3e4f5a6b7c8d9e0f1a2b3c4d5e6f708192a3b4c5d6e",
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// `appenders` tasks append for `secs`, each waiting for its commit.
+async fn outbox_rate(appenders: u64, secs: u64) -> anyhow::Result<String> {
+    let dir = std::env::temp_dir().join(format!(
+        "gateway-capacity-{}-{appenders}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let outbox = Outbox::open(&dir.join("outbox.redb"))?;
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let until = Duration::from_secs(secs);
+    let mut tasks = Vec::new();
+    for w in 0..appenders {
+        let (outbox, done) = (outbox.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = w << 32;
+            while started.elapsed() < until {
+                outbox.append("acme-corp".into(), payload(i)).await?;
+                done.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let n = done.load(Ordering::Relaxed);
+    let stored = outbox.len()?;
+    anyhow::ensure!(
+        stored == n,
+        "outbox holds {stored} events, {n} were acknowledged"
+    );
+    drop(outbox);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(format!(
+        "outbox durable appends, {appenders:>4} concurrent appenders: {:>8.0} events/s ({n} events in {elapsed:.1} s, {} B each, fsync'd group commit)",
+        n as f64 / elapsed,
+        payload(0).len()
+    ))
+}
+
+/// Opens `streams` streaming requests against the real gateway and reads its VmRSS.
+async fn stream_memory(streams: usize) -> anyhow::Result<String> {
+    let exe = std::env::current_exe()?;
+    let bin = exe.with_file_name("gateway-lite");
+    anyhow::ensure!(
+        bin.exists(),
+        "{} not found: cargo build --release --bins",
+        bin.display()
+    );
+    let database_url = bench_database().await?;
+    let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    create_topic(&brokers).await?;
+    let dir = std::env::temp_dir().join(format!("gateway-capacity-{}-rss", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let tenants = dir.join("tenants.yaml");
+    std::fs::write(
+        &tenants,
+        format!(
+            "tenants:
+  - name: bench-streams
+    plan: enterprise
+    priority: 5
+    weight: 1
+    rateLimit: {{ requestsPerSecond: 100000, burst: 100000 }}
+    maxConcurrency: 100000
+    billingMode: per_token
+    shadow: false
+    timeZone: UTC
+    slo: {{ bestEffort: true }}
+    keys: [{{ id: key_bench_streams, key: {KEY} }}]
+    limits: [{{ model: \"*\", maxContext: 131072, maxOutput: 4096 }}]
+"
+        ),
+    )?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let log = std::fs::File::create(dir.join("gateway.log"))?;
+    let mut gateway = tokio::process::Command::new(&bin)
+        .env("DATABASE_URL", &database_url)
+        .env("KAFKA_BROKERS", &brokers)
+        .env("GATEWAY_TOPIC", TOPIC)
+        .env("GATEWAY_ADDR", format!("127.0.0.1:{port}"))
+        .env("GATEWAY_OUTBOX", dir.join("outbox.redb"))
+        .env("GATEWAY_TENANTS_FILE", &tenants)
+        .env("ENGINE_SPEEDUP", "1")
+        .env("RUST_LOG", "warn")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("start {}", bin.display()))?;
+    let pid = gateway.id().context("gateway pid")?;
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(streams)
+        .build()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if client
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            break;
+        }
+        if let Some(status) = gateway.try_wait()? {
+            anyhow::bail!("gateway exited with {status}; see {}", dir.display());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "gateway not healthy within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // One warm-up stream, so the idle figure includes what any first request allocates.
+    let warm = client
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(
+            &json!({"model": "llama-3.1-8b", "max_tokens": 4, "stream": true,
+                      "messages": [{"role": "user", "content": "warm up"}]}),
+        )
+        .send()
+        .await?;
+    warm.bytes().await?;
+    let idle = rss_kib(pid, "VmRSS")?;
+
+    // Each slot holds one stream open and opens the next as soon as it ends
+    // (the simulator's answers run 16 to 600 tokens, so some end early).
+    let in_flight = Arc::new(AtomicU64::new(0));
+    let opened = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::with_capacity(streams);
+    for slot in 0..streams as u64 {
+        let (client, base) = (client.clone(), base.clone());
+        let (in_flight, opened, stop) = (in_flight.clone(), opened.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut seed = slot << 32;
+            while !stop.load(Ordering::Relaxed) {
+                in_flight.fetch_add(1, Ordering::Relaxed);
+                let result = one_stream(&client, &base, seed).await;
+                in_flight.fetch_sub(1, Ordering::Relaxed);
+                result?;
+                opened.fetch_add(1, Ordering::Relaxed);
+                seed += 1;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while opened.load(Ordering::Relaxed) < streams as u64 {
+        if let Some(i) = tasks.iter().position(|t| t.is_finished()) {
+            let failed = tasks.swap_remove(i).await?;
+            anyhow::bail!("a stream slot failed: {failed:?}");
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {} streams completed within 60 s",
+            opened.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Sample while the slots are busy.
+    let (mut peak, mut min_in_flight, mut min_active) = (0, u64::MAX, f64::MAX);
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        peak = peak.max(rss_kib(pid, "VmRSS")?);
+        min_in_flight = min_in_flight.min(in_flight.load(Ordering::Relaxed));
+        let metrics = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let active: f64 = metrics
+            .lines()
+            .filter(|l| l.starts_with("gateway_active_requests"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        min_active = min_active.min(active);
+    }
+    let hwm = rss_kib(pid, "VmHWM")?;
+    stop.store(true, Ordering::Relaxed);
+    let failed = tasks.iter().any(|t| t.is_finished());
+    for t in &tasks {
+        t.abort();
+    }
+    let _ = gateway.start_kill();
+    let _ = gateway.wait().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    anyhow::ensure!(!failed, "a stream slot failed while memory was sampled");
+    Ok(format!(
+        "gateway resident memory, {streams} stream slots (ENGINE_SPEEDUP=1, llama-3.1-8b): VmRSS {:.1} MiB (idle {:.1} MiB, VmHWM {:.1} MiB; while sampling at least {min_in_flight} streams in flight, gateway_active_requests >= {min_active})",
+        peak as f64 / 1024.0,
+        idle as f64 / 1024.0,
+        hwm as f64 / 1024.0,
+    ))
+}
+
+/// One streaming request, read to its end.
+async fn one_stream(client: &reqwest::Client, base: &str, seed: u64) -> anyhow::Result<()> {
+    let mut res = client
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&json!({
+            "model": "llama-3.1-8b",
+            "messages": [{"role": "user", "content": format!("stream {seed}: tell me a long story")}],
+            "max_tokens": 2048,
+            "seed": seed,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        }))
+        .send()
+        .await?;
+    anyhow::ensure!(res.status().is_success(), "stream {seed}: {}", res.status());
+    while res.chunk().await?.is_some() {}
+    Ok(())
+}
+
+/// A field of `/proc/<pid>/status` in KiB.
+fn rss_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// `DATABASE_URL` with the database switched to `meterline_bench` (created if missing).
+async fn bench_database() -> anyhow::Result<String> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/meterline".into());
+    let base: PgConnectOptions = url.parse().context("DATABASE_URL")?;
+    let mut admin = base
+        .clone()
+        .database("postgres")
+        .connect()
+        .await
+        .context("cannot reach Postgres: scripts/stack.sh up, or set DATABASE_URL")?;
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(DATABASE)
+        .fetch_optional(&mut admin)
+        .await?;
+    if exists.is_none() {
+        sqlx::query(&format!("CREATE DATABASE {DATABASE}"))
+            .execute(&mut admin)
+            .await?;
+    }
+    admin.close().await?;
+    Ok(base.database(DATABASE).to_url_lossy().to_string())
+}
+
+async fn create_topic(brokers: &str) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(TOPIC, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .context("cannot reach the broker: scripts/stack.sh up, or set KAFKA_BROKERS")?;
+    for r in results {
+        if let Err((t, e)) = r {
+            anyhow::ensure!(
+                e == rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
+                "create topic {t}: {e}"
+            );
+        }
+    }
+    Ok(())
+}
