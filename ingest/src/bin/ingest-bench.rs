@@ -501,15 +501,28 @@ impl Ingest {
         Ok(text)
     }
 
-    /// SIGTERM (ingest commits what it holds), SIGKILL after 30 s.
+    /// SIGTERM (ingest commits what it holds), SIGKILL after 30 s. The log
+    /// is kept only if ingest did not stop cleanly.
     async fn stop(mut self) {
         let pid = self.pid.to_string();
         let _ = std::process::Command::new("kill")
             .args(["-TERM", &pid])
             .status();
-        let exit = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
-        if exit.is_err() {
-            let _ = self.child.kill().await;
+        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+            Ok(Ok(status)) if status.success() => {
+                let _ = std::fs::remove_file(&self.log);
+            }
+            Ok(_) => println!(
+                "ingest did not stop cleanly; its log: {}",
+                self.log.display()
+            ),
+            Err(_) => {
+                let _ = self.child.kill().await;
+                println!(
+                    "ingest ignored SIGTERM for 30 s; its log: {}",
+                    self.log.display()
+                );
+            }
         }
     }
 }
