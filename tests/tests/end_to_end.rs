@@ -410,3 +410,46 @@ async fn gateway_sigkill_loses_no_answered_event() {
     let ingest = Service::start("ingest", "ingest", &[], ingest_env, stack.dir.path());
     wait_for(&stack, &told, &gateway, &ingest).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_key_stops_working_within_seconds() {
+    let stack = TestStack::new("revoke").await;
+    let running = start_all(&stack).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", running.gateway_url);
+    let body = json!({"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}]});
+    let ask = || {
+        client
+            .post(&url)
+            .bearer_auth(TENANTS[1].1)
+            .json(&body)
+            .send()
+    };
+    assert_eq!(ask().await.unwrap().status(), 200);
+    sqlx::query("UPDATE api_keys SET revoked_at = now() WHERE api_key_id = 'key_medai_demo'")
+        .execute(&stack.pool)
+        .await
+        .unwrap();
+    let revoked = tokio::time::Instant::now();
+    loop {
+        let status = ask().await.unwrap().status();
+        if status == 401 {
+            break;
+        }
+        assert_eq!(status, 200);
+        assert!(
+            revoked.elapsed() < Duration::from_secs(5),
+            "the key still works 5 s after it was revoked"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Other tenants' keys are unaffected.
+    let other = client
+        .post(&url)
+        .bearer_auth(TENANTS[0].1)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 200);
+}
