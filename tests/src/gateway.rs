@@ -1,6 +1,7 @@
 //! Helpers for gateway tests: a tenant with chosen limits, the gateway and
 //! ingest as processes, an SSE reader, and request_log lookups.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -147,4 +148,41 @@ pub fn chunks(frames: &[String]) -> Vec<Value> {
         .filter(|f| f.as_str() != "[DONE]")
         .map(|f| serde_json::from_str(f).expect("chunk is JSON"))
         .collect()
+}
+
+/// What clients were told, or what is billed, per tenant: (requests, prompt,
+/// cached, completion tokens).
+pub type Told = BTreeMap<String, (i64, i64, i64, i64)>;
+
+/// usage_hourly per tenant: (requests, prompt, cached, completion).
+pub async fn hourly(stack: &TestStack) -> Told {
+    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT tenant_id, sum(requests)::bigint, sum(prompt_tokens)::bigint,
+                sum(cached_tokens)::bigint, sum(completion_tokens)::bigint
+         FROM usage_hourly GROUP BY tenant_id",
+    )
+    .fetch_all(&stack.pool)
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(|(t, r, p, c, o)| (t, (r, p, c, o)))
+        .collect()
+}
+
+pub async fn wait_for(stack: &TestStack, expected: &Told, gateway: &Service, ingest: &Service) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let got = hourly(stack).await;
+        if &got == expected {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "usage_hourly never matched.\nexpected {expected:?}\ngot      {got:?}\n--- gateway\n{}\n--- ingest\n{}",
+                gateway.log_tail(),
+                ingest.log_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }

@@ -2,11 +2,11 @@
 //! outbox → relay → broker → ingest → Postgres → billing-api. What clients
 //! were told they used must be exactly what usage_hourly and billing-api say.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
+use tests::gateway::{wait_for, Told};
 use tests::process::{free_port, wait_healthy};
 use tests::{Service, TestStack};
 
@@ -76,9 +76,7 @@ async fn start_all(stack: &TestStack) -> Running {
     }
 }
 
-/// What clients were told, per tenant: (requests, prompt, cached, completion).
-type Told = BTreeMap<String, (i64, i64, i64, i64)>;
-
+/// Sends requests from every tenant; returns what each was told, and the request ids.
 async fn send_requests(
     client: &reqwest::Client,
     gateway_url: &str,
@@ -121,39 +119,6 @@ async fn send_requests(
         }
     }
     (told, ids)
-}
-
-/// usage_hourly per tenant: (requests, prompt, cached, completion).
-async fn hourly(stack: &TestStack) -> Told {
-    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
-        "SELECT tenant_id, sum(requests)::bigint, sum(prompt_tokens)::bigint,
-                sum(cached_tokens)::bigint, sum(completion_tokens)::bigint
-         FROM usage_hourly GROUP BY tenant_id",
-    )
-    .fetch_all(&stack.pool)
-    .await
-    .unwrap();
-    rows.into_iter()
-        .map(|(t, r, p, c, o)| (t, (r, p, c, o)))
-        .collect()
-}
-
-async fn wait_for(stack: &TestStack, expected: &Told, gateway: &Service, ingest: &Service) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let got = hourly(stack).await;
-        if &got == expected {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!(
-                "usage_hourly never matched.\nexpected {expected:?}\ngot      {got:?}\n--- gateway\n{}\n--- ingest\n{}",
-                gateway.log_tail(),
-                ingest.log_tail()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

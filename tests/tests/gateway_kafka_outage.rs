@@ -6,14 +6,13 @@
 //! This test stops the shared broker (`scripts/stack.sh stop-broker`), so it
 //! is alone in its test binary: no other test of this file can run beside it.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tests::gateway::{seed_tenant, start_gateway, start_ingest};
-use tests::{Service, TestStack};
+use tests::gateway::{seed_tenant, start_gateway, start_ingest, wait_for, Told};
+use tests::TestStack;
 
 const TENANTS: [&str; 5] = [
     "outage-acme",
@@ -62,9 +61,6 @@ impl Drop for BrokerOutage {
         }
     }
 }
-
-/// Per tenant: (requests, prompt, cached, completion).
-type Told = BTreeMap<String, (i64, i64, i64, i64)>;
 
 /// What the clients were told, and the request ids they got.
 #[derive(Default)]
@@ -133,38 +129,6 @@ async fn outbox_depth(client: &reqwest::Client, url: &str) -> u64 {
         .find_map(|l| l.strip_prefix("gateway_outbox_depth "))
         .map(|v| v.trim().parse::<f64>().expect("depth is a number") as u64)
         .unwrap_or_else(|| panic!("no gateway_outbox_depth in /metrics:\n{text}"))
-}
-
-async fn hourly(stack: &TestStack) -> Told {
-    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
-        "SELECT tenant_id, sum(requests)::bigint, sum(prompt_tokens)::bigint,
-                sum(cached_tokens)::bigint, sum(completion_tokens)::bigint
-         FROM usage_hourly GROUP BY tenant_id",
-    )
-    .fetch_all(&stack.pool)
-    .await
-    .unwrap();
-    rows.into_iter()
-        .map(|(t, r, p, c, o)| (t, (r, p, c, o)))
-        .collect()
-}
-
-async fn wait_for(stack: &TestStack, expected: &Told, gateway: &Service, ingest: &Service) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let got = hourly(stack).await;
-        if &got == expected {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!(
-                "usage_hourly never matched.\nexpected {expected:?}\ngot      {got:?}\n--- gateway\n{}\n--- ingest\n{}",
-                gateway.log_tail(),
-                ingest.log_tail()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
