@@ -166,14 +166,21 @@ pub async fn apply(
 
     // Every id not inserted now has a stored version to compare against:
     // either a row from an earlier batch, or this batch's first occurrence.
+    // Only an id repeated within this batch can meet its just-inserted
+    // version again, so only those get the stored version built as JSON
+    // (building it for every row cost a third of the batch's CPU).
+    let repeated: HashSet<Uuid> = repeats
+        .iter()
+        .map(|c| c.event.request_id.as_uuid())
+        .collect();
     let mut stored: HashMap<Uuid, ([u8; 32], serde_json::Value)> = HashMap::new();
     let mut lookup = Vec::new();
     for c in &firsts {
         let id = c.event.request_id.as_uuid();
-        if inserted.contains(&id) {
-            stored.insert(id, (c.hash, to_json(&c.event)));
-        } else {
+        if !inserted.contains(&id) {
             lookup.push(id);
+        } else if repeated.contains(&id) {
+            stored.insert(id, (c.hash, to_json(&c.event)));
         }
     }
     stored.extend(stored_versions(tx, &lookup).await?);
