@@ -34,6 +34,7 @@ pub mod clock;
 pub mod error;
 pub mod kv;
 pub mod metrics;
+pub mod openai;
 pub mod prefix_cache;
 pub mod profile;
 pub mod replica;

@@ -25,40 +25,13 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream;
 use rand::Rng;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
 use crate::error::EngineError;
+use crate::openai::ChatRequest;
 use crate::scheduler::ServiceClass;
 use crate::simulator::{Completion, CompletionRequest, Generation, Piece, Simulator};
-
-#[derive(Debug, Deserialize)]
-struct ChatRequest {
-    model: String,
-    messages: Vec<Message>,
-    #[serde(default)]
-    max_tokens: Option<u32>,
-    #[serde(default)]
-    max_completion_tokens: Option<u32>,
-    #[serde(default)]
-    stream: bool,
-    #[serde(default)]
-    stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    seed: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
-#[derive(Debug, Deserialize)]
-struct Message {
-    content: String,
-}
 
 /// The engine's HTTP API.
 pub fn app(sim: Arc<Simulator>) -> Router {
@@ -143,16 +116,11 @@ async fn completions(
         Some(s) => ServiceClass::parse(s)
             .ok_or_else(|| EngineError::BadRequest(format!("unknown X-Service-Class {s:?}")))?,
     };
-    let prompt = req
-        .messages
-        .iter()
-        .map(|m| m.content.as_str())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let prompt = req.prompt();
     let creq = CompletionRequest {
         model: req.model.clone(),
         prompt,
-        max_tokens: req.max_completion_tokens.or(req.max_tokens),
+        max_tokens: req.max_output(),
         seed: req.seed.unwrap_or(0),
         tenant_id: header("x-tenant-id").unwrap_or("anonymous").to_owned(),
         class,
@@ -183,7 +151,7 @@ async fn completions(
         generation: Some(generation),
         pending: VecDeque::new(),
         chunk: json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": req.model}),
-        include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+        include_usage: req.include_usage(),
         first: true,
     };
     let events = stream::unfold(state, |mut st| async move {

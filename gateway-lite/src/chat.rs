@@ -12,8 +12,8 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use engine::openai::ChatRequest;
 use engine::{CompletionRequest, EngineError, ServiceClass};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use usage_contract::RequestId;
@@ -31,38 +31,6 @@ use crate::tenants::Caller;
 const DEFAULT_OUTPUT_ESTIMATE: u64 = 4096;
 /// SSE frames buffered towards a slow client before the stream waits.
 const STREAM_BUFFER: usize = 64;
-
-#[derive(Debug, Deserialize)]
-struct ChatRequest {
-    model: String,
-    messages: Vec<Message>,
-    #[serde(default)]
-    max_tokens: Option<u32>,
-    #[serde(default)]
-    max_completion_tokens: Option<u32>,
-    #[serde(default)]
-    stream: bool,
-    #[serde(default)]
-    stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    seed: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
-#[derive(Debug, Deserialize)]
-struct Message {
-    #[allow(
-        dead_code,
-        reason = "part of the OpenAI shape; the simulator ignores roles"
-    )]
-    role: String,
-    content: String,
-}
 
 fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, GatewayError> {
     let key = headers
@@ -137,7 +105,7 @@ async fn handle(
     };
     *model = Some(req.model.clone());
     let limits = caller.limits_for(&req.model);
-    let asked = req.max_completion_tokens.or(req.max_tokens);
+    let asked = req.max_output();
     if let (Some(asked), Some(limit)) = (asked, limits.max_output) {
         if asked > limit {
             return Err(GatewayError::InvalidParam {
@@ -146,12 +114,7 @@ async fn handle(
             });
         }
     }
-    let prompt: String = req
-        .messages
-        .iter()
-        .map(|m| m.content.as_str())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let prompt = req.prompt();
     let prompt_tokens = engine::tokenizer::count(&prompt);
     if let Some(limit) = limits.max_context {
         if prompt_tokens > u64::from(limit) {
@@ -216,6 +179,7 @@ async fn handle(
             return Err(engine_error(e));
         }
     };
+    let include_usage = req.include_usage();
     let run = Run {
         state: state.clone(),
         caller: caller.clone(),
@@ -228,7 +192,6 @@ async fn handle(
         idempotency,
     };
     if req.stream {
-        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(run.stream(generation, tx, include_usage));
         let frames = futures_util::stream::unfold(rx, |mut rx| async move {
