@@ -30,6 +30,15 @@ pub enum EngineError {
     Stopped(String),
     #[error(transparent)]
     Profile(#[from] ProfileError),
+    /// An HTTP upstream failed or could not be reached.
+    #[error("upstream of {model:?}: {detail}")]
+    Upstream { model: String, detail: String },
+    /// An HTTP upstream answered 429 or 503: it has no room now.
+    #[error("no capacity upstream for {model}: {detail}")]
+    UpstreamBusy { model: String, detail: String },
+    /// A setting of the engine or of an upstream is wrong.
+    #[error("{0}")]
+    Config(String),
 }
 
 impl EngineError {
@@ -37,8 +46,11 @@ impl EngineError {
         match self {
             Self::UnknownModel(_) => StatusCode::NOT_FOUND,
             Self::ContextTooLong { .. } | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::NoCapacity { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Stopped(_) | Self::Profile(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::NoCapacity { .. } | Self::UpstreamBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            Self::Stopped(_) | Self::Profile(_) | Self::Config(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 }

@@ -19,6 +19,9 @@
 //! - [`simulator`]: the in-process engine (one replica task per model) the gateway calls
 //! - [`metrics`]: Prometheus exposition under vLLM's names
 //! - [`server`]: the OpenAI-compatible HTTP API (`engine` binary, port 8081)
+//! - [`upstream`]: which engine serves a model — the simulator in process or an
+//!   OpenAI-compatible server such as vLLM over HTTP, with GPU time derived
+//!   from wall time when the server reports none
 //! - [`error`]: the crate's error enum and its HTTP status codes
 //!
 //! Invariants:
@@ -42,6 +45,7 @@ pub mod scheduler;
 pub mod server;
 pub mod simulator;
 pub mod tokenizer;
+pub mod upstream;
 
 pub use error::EngineError;
 pub use profile::ModelProfile;

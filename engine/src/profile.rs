@@ -273,6 +273,20 @@ impl ModelProfile {
     }
 
     /// The integer cost constants of the roofline.
+    /// GPU-seconds of a request its replica could not account for (it
+    /// failed mid-way), from the roofline: its own compute and KV reads for
+    /// the prefill and each decoded token, times the GPUs (its share of the
+    /// weight reads is left out, so batched neighbours are not billed to it).
+    pub fn estimated_gpu_seconds(&self, prompt: u64, produced: u64) -> rust_decimal::Decimal {
+        let c = self.costs();
+        let (p, n) = (u128::from(prompt), u128::from(produced));
+        let (tok, kv) = (u128::from(c.token_ps), u128::from(c.kv_token_ps));
+        let prefill = p * tok + p * kv;
+        let decode = n * tok + kv * (n * p + n * n.saturating_sub(1) / 2);
+        let micros = (prefill + decode).div_ceil(1_000_000) * u128::from(self.gpus);
+        crate::attribution::to_gpu_seconds(u64::try_from(micros).unwrap_or(u64::MAX))
+    }
+
     pub fn costs(&self) -> StepCosts {
         let bw = u128::from(self.hbm_bytes_per_second.max(1))
             * u128::from(self.bandwidth_efficiency_percent.max(1));

@@ -63,10 +63,15 @@ impl IntoResponse for EngineError {
                 ("invalid_request_error", Some("context_length_exceeded"))
             }
             Self::BadRequest(_) => ("invalid_request_error", None),
-            Self::NoCapacity { .. } => ("server_error", Some("no_capacity")),
-            Self::Stopped(_) | Self::Profile(_) => ("server_error", None),
+            Self::NoCapacity { .. } | Self::UpstreamBusy { .. } => {
+                ("server_error", Some("no_capacity"))
+            }
+            Self::Stopped(_) | Self::Profile(_) | Self::Upstream { .. } | Self::Config(_) => {
+                ("server_error", None)
+            }
         };
-        let message = if status.is_server_error() && !matches!(self, Self::NoCapacity { .. }) {
+        let busy = matches!(self, Self::NoCapacity { .. } | Self::UpstreamBusy { .. });
+        let message = if status.is_server_error() && !busy {
             tracing::error!(error = %self, "request failed");
             "the server had an error while processing your request".to_owned()
         } else {
@@ -75,7 +80,7 @@ impl IntoResponse for EngineError {
         let body =
             json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
         let mut res = (status, Json(body)).into_response();
-        if matches!(self, Self::NoCapacity { .. }) {
+        if busy {
             let secs = rand::rng().random_range(1..=3u32);
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -124,6 +129,7 @@ async fn completions(
         seed: req.seed.unwrap_or(0),
         tenant_id: header("x-tenant-id").unwrap_or("anonymous").to_owned(),
         class,
+        body: None,
     };
     let id = format!("chatcmpl-{:032x}", rand::random::<u128>());
     let created = SystemTime::now()

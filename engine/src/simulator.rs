@@ -5,6 +5,7 @@
 //! [`Generation`] before it finished cancels the request on the replica
 //! (the client went away); the GPU time it used stays attributed to it.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -43,6 +44,9 @@ pub struct CompletionRequest {
     /// Whose prefix-cache entries this request may use and fill.
     pub tenant_id: String,
     pub class: ServiceClass,
+    /// The client's request as sent, passed through to an HTTP upstream
+    /// (the simulator reads only `prompt`).
+    pub body: Option<serde_json::Value>,
 }
 
 /// What a finished request used.
@@ -68,7 +72,7 @@ pub struct Completion {
 /// What a running generation reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece {
-    Token(&'static str),
+    Token(Cow<'static, str>),
     Done(Completion),
 }
 
@@ -79,7 +83,10 @@ enum Command {
         reply: oneshot::Sender<Result<SeqId, EngineError>>,
         updates: mpsc::UnboundedSender<Event>,
     },
+    /// The client went away and nobody waits for the outcome.
     Cancel(SeqId),
+    /// Cancel, but still deliver the outcome (what the request used so far).
+    Stop(SeqId),
 }
 
 struct ReplicaHandle {
@@ -246,9 +253,9 @@ impl Generation {
     /// The next token (streaming generations only) or the final completion.
     pub async fn next(&mut self) -> Result<Piece, EngineError> {
         match self.rx.recv().await {
-            Some(Event::Token { index, .. }) => Ok(Piece::Token(
+            Some(Event::Token { index, .. }) => Ok(Piece::Token(Cow::Borrowed(
                 self.words.get(index as usize).copied().unwrap_or(""),
-            )),
+            ))),
             Some(Event::Finished(o)) => {
                 self.cancel = None;
                 Ok(Piece::Done(self.completion(&o)))
@@ -264,6 +271,18 @@ impl Generation {
                 return Ok(c);
             }
         }
+    }
+
+    /// Cancels the request (its KV is freed at once) and returns what it
+    /// used until then: the tokens the replica produced and the GPU time
+    /// attributed to it, exactly as for a finished request. If it finished
+    /// before the cancel arrived, that completion is returned.
+    pub async fn cancel(mut self) -> Result<Completion, EngineError> {
+        if let Some((tx, id)) = self.cancel.take() {
+            tx.send(Command::Stop(id))
+                .map_err(|_| EngineError::Stopped(self.model.clone()))?;
+        }
+        self.finish().await
     }
 
     fn completion(&self, o: &Outcome) -> Completion {
@@ -330,27 +349,7 @@ async fn drive(
         if speedup == 0 {
             tokio::task::yield_now().await;
         }
-        let mut gone = Vec::new();
-        for event in replica.drain_events() {
-            let id = match &event {
-                Event::Token { id, .. } => *id,
-                Event::Finished(o) => o.id,
-            };
-            let finished = matches!(event, Event::Finished(_));
-            let delivered = subscribers
-                .get(&id)
-                .is_some_and(|tx| tx.send(event).is_ok());
-            if finished {
-                subscribers.remove(&id);
-            } else if !delivered {
-                gone.push(id);
-            }
-        }
-        for id in gone {
-            subscribers.remove(&id);
-            replica.cancel(id);
-            replica.drain_events().for_each(drop);
-        }
+        deliver(&mut replica, &mut subscribers);
         publish(&replica, &snapshot);
     }
 }
@@ -383,6 +382,36 @@ fn handle(
             subscribers.remove(&id);
             replica.cancel(id);
         }
+        Command::Stop(id) => {
+            replica.cancel(id);
+            deliver(replica, subscribers);
+        }
+    }
+}
+
+/// Hands the replica's pending events to their requests, and cancels the
+/// requests whose receiver is gone.
+fn deliver(replica: &mut Replica, subscribers: &mut HashMap<SeqId, mpsc::UnboundedSender<Event>>) {
+    let mut gone = Vec::new();
+    for event in replica.drain_events() {
+        let id = match &event {
+            Event::Token { id, .. } => *id,
+            Event::Finished(o) => o.id,
+        };
+        let finished = matches!(event, Event::Finished(_));
+        let delivered = subscribers
+            .get(&id)
+            .is_some_and(|tx| tx.send(event).is_ok());
+        if finished {
+            subscribers.remove(&id);
+        } else if !delivered {
+            gone.push(id);
+        }
+    }
+    for id in gone {
+        subscribers.remove(&id);
+        replica.cancel(id);
+        replica.drain_events().for_each(drop);
     }
 }
 

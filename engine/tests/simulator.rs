@@ -20,6 +20,7 @@ fn req(tenant: &str, prompt: &str, max_tokens: Option<u32>) -> CompletionRequest
         seed: 7,
         tenant_id: tenant.into(),
         class: ServiceClass::Standard,
+        body: None,
     }
 }
 

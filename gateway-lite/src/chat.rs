@@ -55,7 +55,7 @@ pub async fn models(
         .engine
         .models()
         .iter()
-        .map(|p| json!({"id": p.name, "object": "model", "created": 0, "owned_by": "meterline"}))
+        .map(|m| json!({"id": m.name, "object": "model", "created": 0, "owned_by": "meterline", "max_model_len": m.max_context}))
         .collect();
     Ok(Json(json!({"object": "list", "data": data})))
 }
@@ -100,7 +100,7 @@ async fn handle(
             message: "messages must contain at least one message".into(),
         });
     }
-    let Some(profile) = state.engine.profile(&req.model).cloned() else {
+    let Some(info) = state.engine.model(&req.model).cloned() else {
         return Err(GatewayError::UnknownModel(req.model));
     };
     *model = Some(req.model.clone());
@@ -128,10 +128,12 @@ async fn handle(
 
     let idempotency = match idempotency_key(headers)? {
         None => None,
-        Some(key) => match state
-            .idempotency
-            .begin(&caller.api_key_id, key, &body, Instant::now())
-        {
+        Some(key) => match state.idempotency.begin(
+            &caller.api_key_id,
+            key,
+            &body,
+            now_ms().timestamp_millis(),
+        )? {
             Begin::New(guard) => Some(guard),
             Begin::Replay(stored) => return Ok(replay(stored)),
             Begin::InFlight => {
@@ -142,7 +144,7 @@ async fn handle(
         },
     };
 
-    let room = u64::from(profile.max_context).saturating_sub(prompt_tokens);
+    let room = u64::from(info.max_context).saturating_sub(prompt_tokens);
     let output_estimate = max_tokens.map_or(DEFAULT_OUTPUT_ESTIMATE, u64::from);
     let estimate = prompt_tokens + output_estimate.min(room);
     let mut permit = state
@@ -164,6 +166,12 @@ async fn handle(
                 seed: req.seed.unwrap_or(0),
                 tenant_id: caller.tenant_id.clone(),
                 class: ServiceClass::from_priority(caller.priority),
+                // An HTTP upstream gets the client's request as it was sent.
+                body: if info.remote {
+                    serde_json::from_slice(&body).ok()
+                } else {
+                    None
+                },
             },
             req.stream,
         )
@@ -173,7 +181,10 @@ async fn handle(
         Err(e) => {
             // Not admitted by the engine: no usage event, nothing charged.
             permit.settle(0, Instant::now());
-            if matches!(e, EngineError::NoCapacity { .. }) {
+            if matches!(
+                e,
+                EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. }
+            ) {
                 telemetry::rejected(&caller.tenant_id, "no_capacity");
             }
             return Err(engine_error(e));
@@ -185,7 +196,7 @@ async fn handle(
         caller: caller.clone(),
         request_id,
         model: req.model,
-        profile,
+        info,
         started_at,
         prompt_tokens,
         permit,
@@ -193,7 +204,7 @@ async fn handle(
     };
     if req.stream {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(run.stream(generation, tx, include_usage));
+        state.runs.spawn(run.stream(generation, tx, include_usage));
         let frames = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
         });
@@ -209,13 +220,11 @@ async fn handle(
     // The run owns the generation in its own task: if this handler is
     // dropped (client gone), the request still ends with its one event.
     let (tx, rx) = oneshot::channel();
-    tokio::spawn(async move {
-        let _ = tx.send(run.complete(generation).await);
-    });
+    state.runs.spawn(run.complete(generation, tx));
     let body = rx
         .await
         .map_err(|_| GatewayError::Engine("the request task ended without an answer".into()))??;
-    Ok(Json(body).into_response())
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, GatewayError> {
@@ -251,8 +260,13 @@ fn replay(stored: Stored) -> Response {
 
 fn engine_error(e: EngineError) -> GatewayError {
     match e {
-        EngineError::NoCapacity { .. } => GatewayError::NoCapacity(e.to_string()),
-        EngineError::Stopped(_) | EngineError::Profile(_) => GatewayError::Engine(e.to_string()),
+        EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. } => {
+            GatewayError::NoCapacity(e.to_string())
+        }
+        EngineError::Upstream { .. } => GatewayError::Upstream(e.to_string()),
+        EngineError::Stopped(_) | EngineError::Profile(_) | EngineError::Config(_) => {
+            GatewayError::Engine(e.to_string())
+        }
         EngineError::UnknownModel(model) => GatewayError::UnknownModel(model),
         EngineError::ContextTooLong { .. } | EngineError::BadRequest(_) => {
             GatewayError::InvalidParam {

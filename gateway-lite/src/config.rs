@@ -38,15 +38,33 @@ pub struct GatewayConfig {
     /// Tenants, keys and limits to upsert at start-up (YAML).
     #[arg(long, env = "GATEWAY_TENANTS_FILE")]
     pub tenants_file: Option<PathBuf>,
+    /// Models served by OpenAI-compatible servers such as vLLM (YAML; see
+    /// `engine::upstream`). Models not listed run on the built-in simulator.
+    #[arg(long, env = "GATEWAY_UPSTREAMS")]
+    pub upstreams_file: Option<PathBuf>,
     /// How often keys are reloaded from Postgres, in milliseconds.
     #[arg(long, env = "GATEWAY_KEY_REFRESH_MS", default_value_t = 2000)]
     pub key_refresh_ms: u64,
+    /// Requests per second the whole gateway admits (0: no global limit).
+    #[arg(long, env = "GATEWAY_GLOBAL_RPS", default_value_t = 400)]
+    pub global_rps: u32,
+    /// Burst above the global rate.
+    #[arg(long, env = "GATEWAY_GLOBAL_BURST", default_value_t = 60)]
+    pub global_burst: u32,
     /// Simulated engine speed: 1 = real time, N = N times faster, 0 = no waiting.
     #[arg(long, env = "ENGINE_SPEEDUP", default_value_t = 1)]
     pub engine_speedup: u32,
 }
 
 impl GatewayConfig {
+    /// The gateway-wide request rate, if any.
+    pub fn global_rate(&self) -> Option<crate::limits::RequestRate> {
+        (self.global_rps > 0).then_some(crate::limits::RequestRate {
+            per_second: self.global_rps,
+            burst: self.global_burst,
+        })
+    }
+
     pub fn validate(&self) -> Result<(), GatewayError> {
         if self.gateway_id.trim().is_empty() || self.gateway_id.len() > 200 {
             return Err(GatewayError::Config(
@@ -58,6 +76,11 @@ impl GatewayConfig {
                 "GATEWAY_KEY_REFRESH_MS must be between 100 and 600000, got {}",
                 self.key_refresh_ms
             )));
+        }
+        if self.global_rps > 0 && self.global_burst == 0 {
+            return Err(GatewayError::Config(
+                "GATEWAY_GLOBAL_BURST must be at least 1 when GATEWAY_GLOBAL_RPS is set".into(),
+            ));
         }
         if self.kafka_brokers.trim().is_empty() {
             return Err(GatewayError::Config("KAFKA_BROKERS is empty".into()));

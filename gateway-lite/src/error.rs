@@ -34,6 +34,9 @@ pub enum GatewayError {
     Schema(#[from] schema::SchemaError),
     #[error("engine: {0}")]
     Engine(String),
+    /// An HTTP upstream failed or could not be reached (502).
+    #[error("the upstream engine failed: {0}")]
+    Upstream(String),
     /// The engine's replica is too full for this tenant's class.
     #[error(
         "the model is at capacity for this request's class; retry after the Retry-After interval"
@@ -58,6 +61,7 @@ impl GatewayError {
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::IdempotencyInFlight => StatusCode::CONFLICT,
             Self::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Upstream(_) => StatusCode::BAD_GATEWAY,
             Self::Config(_)
             | Self::Database(_)
             | Self::Kafka(_)
@@ -83,7 +87,8 @@ impl GatewayError {
             | Self::Database(_)
             | Self::Kafka(_)
             | Self::Schema(_)
-            | Self::Engine(_) => ("server_error", None),
+            | Self::Engine(_)
+            | Self::Upstream(_) => ("server_error", None),
         }
     }
 }

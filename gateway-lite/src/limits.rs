@@ -1,5 +1,11 @@
-//! Per-key limits: requests/min and tokens/min per (API key, model), and a
-//! per-tenant cap on concurrent in-flight requests.
+//! Request limits, checked together at admission (nothing is charged when
+//! any of them says no):
+//!
+//! - per (API key, model): requests/min and tokens/min;
+//! - per tenant: requests/s with a burst (the reference config's
+//!   `rateLimit`), and a cap on concurrent in-flight requests;
+//! - for the whole gateway: requests/s with a burst (400/s, burst 60 in the
+//!   reference fleet), above every tenant's bucket.
 //!
 //! Both per-minute limits are token buckets that hold at most one minute's
 //! allowance and refill continuously (`limit / 60` per second). A request
@@ -28,6 +34,8 @@ pub enum LimitKind {
     Requests,
     Tokens,
     Concurrency,
+    TenantRequests,
+    GlobalRequests,
 }
 
 impl LimitKind {
@@ -36,6 +44,8 @@ impl LimitKind {
             Self::Requests => "requests",
             Self::Tokens => "tokens",
             Self::Concurrency => "concurrency",
+            Self::TenantRequests => "tenant_requests",
+            Self::GlobalRequests => "global_requests",
         }
     }
 }
@@ -65,6 +75,38 @@ pub struct RateStatus {
     pub tokens: Option<Window>,
 }
 
+/// Requests per second with a burst: a token bucket holding `burst`,
+/// refilled at `per_second`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestRate {
+    pub per_second: u32,
+    pub burst: u32,
+}
+
+/// A bucket's shape: how much it holds and how fast it refills.
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    capacity: f64,
+    per_sec: f64,
+}
+
+impl Rate {
+    /// A per-minute limit: holds one minute's allowance.
+    fn per_minute(limit: f64) -> Self {
+        Self {
+            capacity: limit,
+            per_sec: limit / 60.0,
+        }
+    }
+
+    fn requests(r: RequestRate) -> Self {
+        Self {
+            capacity: f64::from(r.burst.max(1)),
+            per_sec: f64::from(r.per_second),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
     level: f64,
@@ -72,36 +114,46 @@ struct Bucket {
 }
 
 impl Bucket {
-    fn full(capacity: f64, now: Instant) -> Self {
+    fn full(rate: Rate, now: Instant) -> Self {
         Self {
-            level: capacity,
+            level: rate.capacity,
             at: now,
         }
     }
 
-    /// Refills for the time since the last look; the capacity may have
+    /// Refills for the time since the last look; the rate may have
     /// changed since (limits are reloaded), so the level is clamped to it.
-    fn refill(&mut self, capacity: f64, now: Instant) {
+    fn refill(&mut self, rate: Rate, now: Instant) {
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.level = (self.level + capacity * elapsed / 60.0).min(capacity);
+        self.level = (self.level + rate.per_sec * elapsed).min(rate.capacity);
         self.at = now.max(self.at);
     }
 
     /// Time until the level reaches `need` (zero if it already has).
-    fn wait_for(&self, need: f64, capacity: f64) -> Duration {
-        if self.level >= need || capacity <= 0.0 {
+    fn wait_for(&self, need: f64, rate: Rate) -> Duration {
+        if self.level >= need || rate.per_sec <= 0.0 {
             return Duration::ZERO;
         }
-        Duration::from_secs_f64((need - self.level) * 60.0 / capacity)
+        Duration::from_secs_f64((need - self.level) / rate.per_sec)
     }
 
-    fn window(&self, capacity: f64) -> Window {
+    fn window(&self, rate: Rate) -> Window {
         Window {
-            limit: capacity as u64,
+            limit: rate.capacity as u64,
             remaining: self.level.max(0.0).floor() as u64,
-            reset: self.wait_for(capacity, capacity),
+            reset: self.wait_for(rate.capacity, rate),
         }
     }
+}
+
+/// Takes one request from `bucket` (created full), or says how long until it could.
+fn take_request(bucket: &mut Option<Bucket>, rate: Rate, now: Instant) -> Result<(), Duration> {
+    let b = bucket.get_or_insert_with(|| Bucket::full(rate, now));
+    b.refill(rate, now);
+    if b.level < 1.0 {
+        return Err(b.wait_for(1.0, rate));
+    }
+    Ok(())
 }
 
 #[derive(Default)]
@@ -116,12 +168,16 @@ struct State {
     buckets: HashMap<(String, String), KeyBuckets>,
     /// tenant → requests in flight.
     in_flight: HashMap<String, u32>,
+    /// tenant → its requests/s bucket.
+    tenant_rate: HashMap<String, Option<Bucket>>,
+    global: Option<Bucket>,
 }
 
 /// The limiter; cheap to clone.
 #[derive(Clone, Default)]
 pub struct Limiter {
     state: Arc<Mutex<State>>,
+    global: Option<RequestRate>,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -131,6 +187,14 @@ impl std::fmt::Debug for Limiter {
 }
 
 impl Limiter {
+    /// A limiter with a gateway-wide requests/s bucket (`None`: no global limit).
+    pub fn new(global: Option<RequestRate>) -> Self {
+        Self {
+            state: Arc::default(),
+            global,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // The state is plain numbers, always consistent between statements.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -149,37 +213,47 @@ impl Limiter {
         let mut state = self.lock();
         let key = (caller.api_key_id.clone(), model.to_owned());
         let entry = state.buckets.entry(key.clone()).or_default();
-        let rpm = limits.rpm.map(f64::from);
-        let tpm = limits.tpm.map(|t| t as f64);
-        if let Some(cap) = rpm {
-            let b = entry.requests.get_or_insert_with(|| Bucket::full(cap, now));
-            b.refill(cap, now);
-            if b.level < 1.0 {
+        let rpm = limits.rpm.map(|r| Rate::per_minute(f64::from(r)));
+        let tpm = limits.tpm.map(|t| Rate::per_minute(t as f64));
+        if let Some(rate) = rpm {
+            take_request(&mut entry.requests, rate, now).map_err(|wait| Rejected {
+                limit: LimitKind::Requests,
+                wait,
+                message: format!(
+                    "rate limit reached for requests on {model}: {} per minute for this key",
+                    rate.capacity as u64
+                ),
+            })?;
+        }
+        if let Some(rate) = tpm {
+            let b = entry.tokens.get_or_insert_with(|| Bucket::full(rate, now));
+            b.refill(rate, now);
+            let need = (estimate as f64).min(rate.capacity);
+            if b.level < need {
                 return Err(Rejected {
-                    limit: LimitKind::Requests,
-                    wait: b.wait_for(1.0, cap),
+                    limit: LimitKind::Tokens,
+                    wait: b.wait_for(need, rate),
                     message: format!(
-                        "rate limit reached for requests on {model}: {} per minute for this key",
-                        cap as u64
+                        "rate limit reached for tokens on {model}: {} per minute for this key, \
+                         this request needs about {estimate}",
+                        rate.capacity as u64
                     ),
                 });
             }
         }
-        if let Some(cap) = tpm {
-            let b = entry.tokens.get_or_insert_with(|| Bucket::full(cap, now));
-            b.refill(cap, now);
-            let need = (estimate as f64).min(cap);
-            if b.level < need {
-                return Err(Rejected {
-                    limit: LimitKind::Tokens,
-                    wait: b.wait_for(need, cap),
-                    message: format!(
-                        "rate limit reached for tokens on {model}: {} per minute for this key, \
-                         this request needs about {estimate}",
-                        cap as u64
-                    ),
-                });
-            }
+        if let Some(r) = caller.rate {
+            let bucket = state
+                .tenant_rate
+                .entry(caller.tenant_id.clone())
+                .or_default();
+            take_request(bucket, Rate::requests(r), now).map_err(|wait| Rejected {
+                limit: LimitKind::TenantRequests,
+                wait,
+                message: format!(
+                    "rate limit reached for this tenant: {} requests per second, burst {}",
+                    r.per_second, r.burst
+                ),
+            })?;
         }
         let in_flight = state.in_flight.get(&caller.tenant_id).copied().unwrap_or(0);
         if let Some(cap) = caller.max_concurrency {
@@ -193,11 +267,33 @@ impl Limiter {
                 });
             }
         }
-        let entry = state.buckets.entry(key.clone()).or_default();
-        if let Some(b) = entry.requests.as_mut() {
+        if let Some(r) = self.global {
+            take_request(&mut state.global, Rate::requests(r), now).map_err(|wait| Rejected {
+                limit: LimitKind::GlobalRequests,
+                wait,
+                message: format!(
+                    "the gateway is at its limit of {} requests per second, burst {}",
+                    r.per_second, r.burst
+                ),
+            })?;
+        }
+        // Every limit said yes: charge them all.
+        if let Some(b) = state.global.as_mut().filter(|_| self.global.is_some()) {
             b.level -= 1.0;
         }
-        let charged = match entry.tokens.as_mut() {
+        if let Some(b) = state
+            .tenant_rate
+            .get_mut(&caller.tenant_id)
+            .and_then(Option::as_mut)
+            .filter(|_| caller.rate.is_some())
+        {
+            b.level -= 1.0;
+        }
+        let entry = state.buckets.entry(key.clone()).or_default();
+        if let Some(b) = entry.requests.as_mut().filter(|_| rpm.is_some()) {
+            b.level -= 1.0;
+        }
+        let charged = match entry.tokens.as_mut().filter(|_| tpm.is_some()) {
             Some(b) => {
                 b.level -= estimate as f64;
                 estimate
@@ -225,19 +321,23 @@ impl Limiter {
         let mut entry = state
             .buckets
             .get_mut(&(caller.api_key_id.clone(), model.to_owned()));
-        let mut window = |cap: Option<f64>, pick: fn(&mut KeyBuckets) -> &mut Option<Bucket>| {
-            let cap = cap?;
+        let mut window = |rate: Option<Rate>, pick: fn(&mut KeyBuckets) -> &mut Option<Bucket>| {
+            let rate = rate?;
             let bucket = match entry.as_deref_mut().and_then(|e| pick(e).as_mut()) {
                 Some(b) => {
-                    b.refill(cap, now);
+                    b.refill(rate, now);
                     *b
                 }
-                None => Bucket::full(cap, now),
+                None => Bucket::full(rate, now),
             };
-            Some(bucket.window(cap))
+            Some(bucket.window(rate))
         };
-        let requests = window(limits.rpm.map(f64::from), |e| &mut e.requests);
-        let tokens = window(limits.tpm.map(|t| t as f64), |e| &mut e.tokens);
+        let requests = window(limits.rpm.map(|r| Rate::per_minute(f64::from(r))), |e| {
+            &mut e.requests
+        });
+        let tokens = window(limits.tpm.map(|t| Rate::per_minute(t as f64)), |e| {
+            &mut e.tokens
+        });
         RateStatus { requests, tokens }
     }
 
@@ -254,7 +354,7 @@ pub struct Permit {
     limiter: Limiter,
     key: (String, String),
     tenant: String,
-    tpm: Option<f64>,
+    tpm: Option<Rate>,
     charged: u64,
     settled: bool,
 }
@@ -268,15 +368,15 @@ impl Permit {
             return;
         }
         self.settled = true;
-        let Some(cap) = self.tpm else { return };
+        let Some(rate) = self.tpm else { return };
         let mut state = self.limiter.lock();
         if let Some(b) = state
             .buckets
             .get_mut(&self.key)
             .and_then(|e| e.tokens.as_mut())
         {
-            b.refill(cap, now);
-            b.level = (b.level + self.charged as f64 - actual as f64).min(cap);
+            b.refill(rate, now);
+            b.level = (b.level + self.charged as f64 - actual as f64).min(rate.capacity);
         }
     }
 
@@ -369,6 +469,7 @@ mod tests {
             api_key_id: "k".into(),
             priority: 3,
             max_concurrency: conc,
+            rate: None,
             limits: Arc::new(HashMap::from([("*".to_owned(), limits)])),
         }
     }
@@ -463,5 +564,46 @@ mod tests {
             .collect();
         assert!(seen.iter().all(|s| (2..=4).contains(s)), "{seen:?}");
         assert!(seen.len() > 1, "not a bare constant: {seen:?}");
+    }
+
+    #[test]
+    fn tenant_rate_and_global_rate_are_buckets_with_bursts() {
+        let now = Instant::now();
+        let mut a = caller(None, None, None);
+        a.rate = Some(RequestRate {
+            per_second: 2,
+            burst: 2,
+        });
+        let l = Limiter::default();
+        let _p1 = l.admit(&a, "m", 1, now).unwrap();
+        let _p2 = l.admit(&a, "m", 1, now).unwrap();
+        let r = l.admit(&a, "m", 1, now).unwrap_err();
+        assert_eq!(r.limit, LimitKind::TenantRequests);
+        assert_eq!(r.wait, Duration::from_millis(500));
+        assert!(l
+            .admit(&a, "m", 1, now + Duration::from_millis(500))
+            .is_ok());
+
+        // The global bucket sits above every tenant; a request it turns
+        // away is not charged to its tenant's bucket.
+        let g = Limiter::new(Some(RequestRate {
+            per_second: 2,
+            burst: 1,
+        }));
+        let mut b = caller(None, None, None);
+        b.tenant_id = "other".into();
+        b.rate = Some(RequestRate {
+            per_second: 1,
+            burst: 1,
+        });
+        let _first = g.admit(&a, "m", 1, now).unwrap();
+        let r = g.admit(&b, "m", 1, now).unwrap_err();
+        assert_eq!(r.limit, LimitKind::GlobalRequests);
+        assert_eq!(r.wait, Duration::from_millis(500));
+        // Had the rejection taken b's one request, b's bucket (1/s) would
+        // hold only half a request now.
+        assert!(g
+            .admit(&b, "m", 1, now + Duration::from_millis(500))
+            .is_ok());
     }
 }

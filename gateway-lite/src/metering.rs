@@ -20,10 +20,11 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use engine::{Completion, Generation, ModelProfile, Piece};
+use engine::upstream::{Generation, ModelInfo};
+use engine::{Completion, Piece};
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use usage_contract::{FinishReason, RequestId, UsageEvent, SCHEMA_VERSION};
 
 use crate::error::GatewayError;
@@ -38,7 +39,7 @@ pub struct Run {
     pub caller: Caller,
     pub request_id: RequestId,
     pub model: String,
-    pub profile: ModelProfile,
+    pub info: ModelInfo,
     pub started_at: DateTime<Utc>,
     pub prompt_tokens: u64,
     pub permit: Permit,
@@ -46,11 +47,13 @@ pub struct Run {
 }
 
 /// How a request that did not complete ended.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Partial {
     produced: u64,
     first_token_at: Option<DateTime<Utc>>,
     reason: FinishReason,
+    /// The engine's own account of the request, when it could give one.
+    used: Option<Completion>,
 }
 
 impl Run {
@@ -58,22 +61,57 @@ impl Run {
         format!("chatcmpl-{}", self.request_id.as_uuid().simple())
     }
 
-    /// Non-streaming: waits for the completion, records it, and returns
-    /// the response body (also stored under the idempotency key).
-    pub async fn complete(mut self, generation: Generation) -> Result<Value, GatewayError> {
-        let done = match generation.finish().await {
-            Ok(done) => done,
-            Err(e) => {
+    /// Non-streaming: waits for the completion, records it, and sends the
+    /// response body (also stored under the idempotency key) to `reply`.
+    /// If the client goes away first (`reply` closed), the generation is
+    /// cancelled at the engine and what it produced until then is billed.
+    pub async fn complete(
+        mut self,
+        mut generation: Generation,
+        mut reply: oneshot::Sender<Result<Bytes, GatewayError>>,
+    ) {
+        let ended = loop {
+            let piece = tokio::select! {
+                biased;
+                () = reply.closed() => break None,
+                piece = generation.next() => piece,
+            };
+            match piece {
+                Ok(Piece::Done(done)) => break Some(Ok(done)),
+                Ok(Piece::Token(_)) => {}
+                Err(e) => break Some(Err(e)),
+            }
+        };
+        let done = match ended {
+            Some(Ok(done)) => done,
+            Some(Err(e)) => {
                 let partial = Partial {
                     produced: 0,
                     first_token_at: None,
                     reason: FinishReason::Error,
+                    used: None,
                 };
-                self.record(self.partial_event(partial, false)).await?;
-                return Err(GatewayError::Engine(e.to_string()));
+                let answer = match self.record(self.partial_event(partial, false)).await {
+                    Ok(()) => Err(GatewayError::Engine(e.to_string())),
+                    Err(recorded) => Err(recorded),
+                };
+                let _ = reply.send(answer);
+                return;
+            }
+            None => {
+                let used = generation.cancel().await.ok();
+                let partial = Partial {
+                    produced: used.as_ref().map_or(0, |c| c.completion_tokens),
+                    first_token_at: None,
+                    reason: FinishReason::Cancelled,
+                    used,
+                };
+                if let Err(e) = self.record(self.partial_event(partial, false)).await {
+                    tracing::error!(error = %e, "usage of a cancelled request was not recorded");
+                }
+                return;
             }
         };
-        self.record(self.completed_event(&done, false)).await?;
         let body = json!({
             "id": self.chat_id(),
             "object": "chat.completion",
@@ -86,17 +124,17 @@ impl Run {
             }],
             "usage": usage(&done),
         });
-        if let Some(guard) = self.idempotency.take() {
-            guard.complete(
-                Stored {
-                    content_type: "application/json",
-                    request_id: self.request_id.to_string(),
-                    body: Bytes::from(body.to_string()),
-                },
-                Instant::now(),
-            );
+        let answer = Stored {
+            content_type: "application/json",
+            request_id: self.request_id.to_string(),
+            body: Bytes::from(body.to_string()),
+        };
+        let event = self.completed_event(&done, false);
+        if let Err(e) = self.record_answered(event, Some(&answer)).await {
+            let _ = reply.send(Err(e));
+            return;
         }
-        Ok(body)
+        let _ = reply.send(Ok(answer.body));
     }
 
     /// Streaming: forwards the generation to `tx` as SSE frames until it
@@ -162,12 +200,14 @@ impl Run {
                 } else {
                     FinishReason::Error
                 };
-                // Cancel at the engine first (frees its KV), then bill what it produced.
-                drop(generation);
+                // Cancel at the engine first (frees its KV); it says what
+                // the request used. The client is billed the tokens it was sent.
+                let used = generation.cancel().await.ok();
                 let partial = Partial {
                     produced,
                     first_token_at,
                     reason,
+                    used,
                 };
                 let event = self.partial_event(partial, true);
                 if let Some(Err(e)) = &ended {
@@ -184,13 +224,6 @@ impl Run {
                 return;
             }
         };
-        // Durable before the client hears the stream is over.
-        if let Err(e) = self.record(self.completed_event(&done, true)).await {
-            tracing::error!(error = %e, "usage of a stream was not recorded");
-            let _ = tx.send(sse(&stream_error().to_string())).await;
-            let _ = tx.send(sse("[DONE]")).await;
-            return;
-        }
         let mut tail = vec![chunk(
             json!([{"index": 0, "delta": {}, "finish_reason": finish_reason(&done).as_str()}]),
             None,
@@ -199,40 +232,57 @@ impl Run {
             tail.push(chunk(json!([]), Some(usage(&done))));
         }
         tail.push(sse("[DONE]"));
-        for frame in tail {
-            if let Some(t) = transcript.as_mut() {
-                t.extend_from_slice(&frame);
+        let answer = transcript.map(|mut t| {
+            tail.iter().for_each(|f| t.extend_from_slice(f));
+            Stored {
+                content_type: "text/event-stream",
+                request_id: self.request_id.to_string(),
+                body: Bytes::from(t),
             }
+        });
+        // Durable (with the answer to replay) before the client hears the
+        // stream is over.
+        let event = self.completed_event(&done, true);
+        if let Err(e) = self.record_answered(event, answer.as_ref()).await {
+            tracing::error!(error = %e, "usage of a stream was not recorded");
+            let _ = tx.send(sse(&stream_error().to_string())).await;
+            let _ = tx.send(sse("[DONE]")).await;
+            return;
+        }
+        for frame in tail {
             if tx.send(frame).await.is_err() {
                 break;
             }
-        }
-        if let (Some(guard), Some(t)) = (self.idempotency.take(), transcript) {
-            guard.complete(
-                Stored {
-                    content_type: "text/event-stream",
-                    request_id: self.request_id.to_string(),
-                    body: Bytes::from(t),
-                },
-                Instant::now(),
-            );
         }
     }
 
     /// Writes the event durably, then reconciles the token estimate.
     async fn record(&mut self, event: UsageEvent) -> Result<(), GatewayError> {
+        self.record_answered(event, None).await
+    }
+
+    /// [`Run::record`], storing `answer` under the request's
+    /// `Idempotency-Key` (if it has one) in the same commit.
+    async fn record_answered(
+        &mut self,
+        event: UsageEvent,
+        answer: Option<&Stored>,
+    ) -> Result<(), GatewayError> {
         let used = (event.prompt_tokens + event.completion_tokens).max(0) as u64;
+        let answer = match (&self.idempotency, answer) {
+            (Some(guard), Some(a)) => Some(guard.answer(a, now_ms().timestamp_millis())),
+            _ => None,
+        };
         let result = self
             .state
             .outbox
-            .append(self.caller.tenant_id.clone(), event.to_json())
+            .append_with_answer(self.caller.tenant_id.clone(), event.to_json(), answer)
             .await;
         self.permit.settle(used, Instant::now());
         result?;
         crate::telemetry::record_request(&self.caller.tenant_id, &self.model, &event);
         Ok(())
     }
-
     fn event(&self) -> UsageEvent {
         let finished_at = now_ms().max(self.started_at);
         UsageEvent {
@@ -241,7 +291,7 @@ impl Run {
             tenant_id: self.caller.tenant_id.clone(),
             api_key_id: self.caller.api_key_id.clone(),
             model: self.model.clone(),
-            model_version: self.profile.version.clone(),
+            model_version: self.info.version.clone(),
             priority: self.caller.priority,
             started_at: self.started_at,
             first_token_at: None,
@@ -254,7 +304,7 @@ impl Run {
             finish_reason: FinishReason::Stop,
             ttft_ms: None,
             tpot_ms: None,
-            replica_id: format!("{}-r0", self.model),
+            replica_id: self.info.replica_id.clone(),
             gateway_id: self.state.gateway_id.clone(),
             stream: false,
         }
@@ -285,10 +335,9 @@ impl Run {
     }
 
     /// The event of a request that was cancelled or failed: the tokens the
-    /// gateway received from the engine. The engine does not hand back the
-    /// figures of a request it cancelled, so GPU time is estimated from the
-    /// model's roofline (see [`estimated_gpu_seconds`]) and cached tokens
-    /// are reported as 0.
+    /// client was sent, and the GPU time and cached tokens the engine
+    /// reported when it stopped the request. When the engine could not say
+    /// (it failed), GPU time is the model's roofline estimate.
     fn partial_event(&self, p: Partial, stream: bool) -> UsageEvent {
         let mut e = self.event();
         e.completion_tokens = p.produced as i64;
@@ -297,25 +346,27 @@ impl Run {
         e.ttft_ms = e
             .first_token_at
             .map(|t| (t - self.started_at).num_milliseconds().max(0) * speedup);
-        e.gpu_seconds = estimated_gpu_seconds(&self.profile, self.prompt_tokens, p.produced);
+        match &p.used {
+            Some(used) => {
+                e.prompt_tokens = used.prompt_tokens as i64;
+                e.cached_tokens = used.cached_tokens as i64;
+                e.gpu_seconds = used.gpu_seconds;
+                e.preempted_gpu_seconds = used.preempted_gpu_seconds;
+                e.model_version = used.model_version.clone();
+                e.replica_id = used.replica_id.clone();
+            }
+            None => {
+                e.gpu_seconds = self.state.engine.estimated_gpu_seconds(
+                    &self.model,
+                    self.prompt_tokens,
+                    p.produced,
+                );
+            }
+        }
         e.finish_reason = p.reason;
         e.stream = stream;
         e
     }
-}
-
-/// GPU-seconds of a request cut short, from the profile's roofline: the
-/// request's own compute and KV reads for its prefill and each decoded
-/// token, times the replica's GPUs (its share of the shared weight reads is
-/// left out, so batched neighbours are not billed to it).
-pub fn estimated_gpu_seconds(profile: &ModelProfile, prompt: u64, produced: u64) -> Decimal {
-    let c = profile.costs();
-    let (p, n) = (u128::from(prompt), u128::from(produced));
-    let (tok, kv) = (u128::from(c.token_ps), u128::from(c.kv_token_ps));
-    let prefill = p * tok + p * kv;
-    let decode = n * tok + kv * (n * p + n * n.saturating_sub(1) / 2);
-    let micros = (prefill + decode).div_ceil(1_000_000) * u128::from(profile.gpus);
-    engine::attribution::to_gpu_seconds(u64::try_from(micros).unwrap_or(u64::MAX))
 }
 
 fn finish_reason(done: &Completion) -> FinishReason {
@@ -348,21 +399,4 @@ fn sse(data: &str) -> Bytes {
 pub fn now_ms() -> DateTime<Utc> {
     let now = Utc::now();
     DateTime::from_timestamp_millis(now.timestamp_millis()).unwrap_or(now)
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
-
-    use super::*;
-
-    #[test]
-    fn estimate_grows_with_tokens_and_is_positive() {
-        let p = ModelProfile::reference().into_iter().next().unwrap();
-        let a = estimated_gpu_seconds(&p, 100, 0);
-        let b = estimated_gpu_seconds(&p, 100, 10);
-        assert!(a > Decimal::ZERO);
-        assert!(b > a);
-        assert_eq!(b.scale(), 6);
-    }
 }

@@ -7,6 +7,10 @@
 //! redb transaction (group commit), so durability costs one fsync per
 //! batch, not per request. Entries are keyed by a sequence number and
 //! deleted only after the relay's broker acknowledged them.
+//!
+//! The answers of requests sent with an `Idempotency-Key` are kept here
+//! too, committed in the same transaction as their usage event: a retry
+//! after a crash finds the answer if and only if the request was billed.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +21,8 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 /// seq → (enqueued at, unix ms) ++ event JSON.
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("usage_events");
+/// (api key id, NUL, Idempotency-Key) → answer (see `idempotency`).
+const ANSWERS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotent_answers");
 /// Events waiting in the outbox, kept current by every append and delete.
 pub const DEPTH_GAUGE: &str = "gateway_outbox_depth";
 /// The most a writer commit takes at once.
@@ -57,6 +63,8 @@ pub struct Entry {
 struct Append {
     key: String,
     payload: Vec<u8>,
+    /// An idempotent answer to store with the event: (key, value).
+    answer: Option<(Vec<u8>, Vec<u8>)>,
     done: oneshot::Sender<Result<(), OutboxError>>,
 }
 
@@ -104,12 +112,51 @@ impl Outbox {
 
     /// Appends one event and returns once it is durable on disk.
     pub async fn append(&self, key: String, payload: Vec<u8>) -> Result<(), OutboxError> {
+        self.append_with_answer(key, payload, None).await
+    }
+
+    /// Appends one event and, in the same commit, an idempotent answer.
+    pub async fn append_with_answer(
+        &self,
+        key: String,
+        payload: Vec<u8>,
+        answer: Option<(Vec<u8>, Vec<u8>)>,
+    ) -> Result<(), OutboxError> {
         let (done, wait) = oneshot::channel();
         self.appends
-            .send(Append { key, payload, done })
+            .send(Append {
+                key,
+                payload,
+                answer,
+                done,
+            })
             .await
             .map_err(|_| OutboxError::Closed)?;
         wait.await.map_err(|_| OutboxError::Closed)?
+    }
+
+    /// A stored idempotent answer.
+    pub fn answer(&self, key: &[u8]) -> Result<Option<Vec<u8>>, OutboxError> {
+        let tx = self.db.begin_read()?;
+        let table = match tx.open_table(ANSWERS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(table.get(key)?.map(|v| v.value().to_vec()))
+    }
+
+    /// Deletes the stored answers `expired` says are too old; returns how many.
+    pub fn sweep_answers(&self, expired: impl Fn(&[u8]) -> bool) -> Result<u64, OutboxError> {
+        let tx = self.db.begin_write()?;
+        let removed = {
+            let mut table = tx.open_table(ANSWERS)?;
+            let before = table.len()?;
+            table.retain(|_, v| !expired(v))?;
+            before - table.len()?
+        };
+        tx.commit()?;
+        Ok(removed)
     }
 
     /// The oldest `limit` entries.
@@ -240,6 +287,12 @@ fn commit_group(
                 first_seq + i as u64,
                 encode_entry(now, &a.key, &a.payload).as_slice(),
             )?;
+        }
+        if group.iter().any(|a| a.answer.is_some()) {
+            let mut answers = tx.open_table(ANSWERS)?;
+            for (k, v) in group.iter().filter_map(|a| a.answer.as_ref()) {
+                answers.insert(k.as_slice(), v.as_slice())?;
+            }
         }
     }
     tx.commit()?;

@@ -11,9 +11,11 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
+use engine::upstream::{self, Upstreams};
 use engine::{ModelProfile, Simulator};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 use usage_contract::RequestId;
 
 use crate::config::GatewayConfig;
@@ -24,15 +26,21 @@ use crate::outbox::Outbox;
 use crate::tenants::Registry;
 use crate::{chat, relay, seed, telemetry};
 
+/// How long shutdown waits for admitted requests to finish.
+const RUN_GRACE: Duration = Duration::from_secs(30);
+
 #[derive(Clone)]
 pub struct AppState {
     pub registry: Registry,
-    pub engine: Arc<Simulator>,
+    pub engine: Arc<Upstreams>,
     pub outbox: Outbox,
     pub gateway_id: String,
     pub speedup: u32,
     pub limiter: Limiter,
     pub idempotency: Idempotency,
+    /// Every admitted request's task, so shutdown waits until each one has
+    /// written its usage event.
+    pub runs: TaskTracker,
 }
 
 /// The HTTP API. Every response, error or not, carries `X-Request-Id`
@@ -43,7 +51,14 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
         .route("/v1/models", get(chat::models))
         .route("/healthz", get(|| async { "ok" }));
     if let Some(handle) = metrics {
-        router = router.route("/metrics", get(move || std::future::ready(handle.render())));
+        let engine = state.engine.clone();
+        router = router.route(
+            "/metrics",
+            get(move || {
+                telemetry::upstreams(&engine);
+                std::future::ready(handle.render())
+            }),
+        );
     }
     router
         .with_state(state)
@@ -98,24 +113,50 @@ pub async fn run(
         stop_rx,
     ));
 
+    let remote = match &config.upstreams_file {
+        Some(path) => upstream::load(path)
+            .map_err(|e| GatewayError::Config(format!("GATEWAY_UPSTREAMS {e}")))?,
+        None => Vec::new(),
+    };
+    let simulator = Arc::new(Simulator::new(
+        ModelProfile::reference(),
+        config.engine_speedup,
+    ));
+    let upstreams = Upstreams::new(simulator, remote)
+        .map_err(|e| GatewayError::Config(format!("GATEWAY_UPSTREAMS {e}")))?;
+    for m in upstreams.models() {
+        tracing::info!(model = %m.name, remote = m.remote, replica = %m.replica_id, "serving model");
+    }
     let state = AppState {
         registry,
-        engine: Arc::new(Simulator::new(
-            ModelProfile::reference(),
-            config.engine_speedup,
-        )),
-        outbox,
+        engine: Arc::new(upstreams),
+        outbox: outbox.clone(),
         gateway_id: config.gateway_id.clone(),
         speedup: config.engine_speedup,
-        limiter: Limiter::default(),
-        idempotency: Idempotency::default(),
+        limiter: Limiter::new(config.global_rate()),
+        idempotency: Idempotency::new(outbox.clone()),
+        runs: TaskTracker::new(),
     };
+    let runs = state.runs.clone();
+    state.idempotency.spawn_sweeper(Duration::from_secs(600));
     tracing::info!(addr = %config.addr, "gateway listening");
     axum::serve(listener, app(state, Some(prometheus)))
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|e| GatewayError::Config(format!("serving on {}: {e}", config.addr)))?;
-    tracing::info!("stopped taking requests; draining the outbox");
+    // Streams still going (their clients may be gone) end with their event.
+    runs.close();
+    tracing::info!(
+        running = runs.len(),
+        "stopped taking requests; waiting for admitted requests"
+    );
+    if tokio::time::timeout(RUN_GRACE, runs.wait()).await.is_err() {
+        tracing::warn!(
+            running = runs.len(),
+            "requests still running after the grace period"
+        );
+    }
+    tracing::info!("draining the outbox");
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(10), relay_task).await;
     Ok(())

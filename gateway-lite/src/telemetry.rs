@@ -38,6 +38,32 @@ pub fn describe() {
         "gateway_relay_errors_total",
         "Publish attempts that failed and will be retried"
     );
+    metrics::describe_counter!(
+        "gateway_upstream_busy_gpu_microseconds_total",
+        "HTTP upstream replicas: busy wall time × GPUs, in micro-GPU-seconds (the ledger's whole)"
+    );
+    metrics::describe_counter!(
+        "gateway_upstream_attributed_gpu_microseconds_total",
+        "HTTP upstream replicas: micro-GPU-seconds handed to finished requests (equals busy when idle)"
+    );
+    metrics::describe_gauge!(
+        "gateway_upstream_in_flight",
+        "HTTP upstream replicas: requests in flight"
+    );
+}
+
+/// The HTTP upstreams' ledgers, read at scrape time.
+pub fn upstreams(upstreams: &engine::upstream::Upstreams) {
+    for u in upstreams.remote() {
+        let replica = u.config.replica().to_owned();
+        let model = u.config.model.clone();
+        counter!("gateway_upstream_busy_gpu_microseconds_total", "model" => model.clone(), "replica" => replica.clone())
+            .absolute(u.ledger.busy_gpu_micros());
+        counter!("gateway_upstream_attributed_gpu_microseconds_total", "model" => model.clone(), "replica" => replica.clone())
+            .absolute(u.ledger.attributed_gpu_micros());
+        gauge!("gateway_upstream_in_flight", "model" => model, "replica" => replica)
+            .set(u.ledger.in_flight() as f64);
+    }
 }
 
 pub fn record_request(tenant: &str, model: &str, e: &UsageEvent) {

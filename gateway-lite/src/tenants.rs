@@ -18,6 +18,8 @@ pub struct Caller {
     pub priority: i16,
     /// The tenant's cap on concurrent in-flight requests, all keys together.
     pub max_concurrency: Option<u32>,
+    /// The tenant's requests/s and burst, all keys and models together.
+    pub rate: Option<crate::limits::RequestRate>,
     /// The tenant's `limits` rows by model (`*` applies to every model
     /// without its own row).
     pub limits: Arc<HashMap<String, ModelLimits>>,
@@ -57,6 +59,8 @@ struct KeyRow {
     api_key_id: String,
     priority: i16,
     max_concurrency: Option<i32>,
+    requests_per_second: Option<i32>,
+    burst: Option<i32>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -102,7 +106,8 @@ impl Registry {
     /// Reloads every active key from Postgres.
     pub async fn refresh(&self, pool: &PgPool) -> Result<usize, sqlx::Error> {
         let rows: Vec<KeyRow> = sqlx::query_as(
-            "SELECT k.key_hash, k.tenant_id, k.api_key_id, t.priority, t.max_concurrency
+            "SELECT k.key_hash, k.tenant_id, k.api_key_id, t.priority, t.max_concurrency,
+                    t.requests_per_second, t.burst
              FROM api_keys k
              JOIN tenants t USING (tenant_id)
              WHERE k.revoked_at IS NULL",
@@ -142,6 +147,13 @@ impl Registry {
                     api_key_id: row.api_key_id,
                     priority: row.priority,
                     max_concurrency: positive_u32(row.max_concurrency),
+                    // A rate without a burst may burst one second's worth.
+                    rate: positive_u32(row.requests_per_second).map(|per_second| {
+                        crate::limits::RequestRate {
+                            per_second,
+                            burst: positive_u32(row.burst).unwrap_or(per_second),
+                        }
+                    }),
                     limits: by_tenant
                         .get(&row.tenant_id)
                         .cloned()

@@ -52,14 +52,27 @@ pub async fn seed_tenant(stack: &TestStack, tenant: &str, key: &str, limits: Ten
 
 /// Starts the gateway (engine paced at `speedup`) and waits until it is healthy.
 pub async fn start_gateway(stack: &TestStack, speedup: u32) -> (Service, String) {
+    start_gateway_with(stack, speedup, &[]).await
+}
+
+/// [`start_gateway`] with more settings.
+pub async fn start_gateway_with(
+    stack: &TestStack,
+    speedup: u32,
+    settings: &[(&str, String)],
+) -> (Service, String) {
     let port = free_port();
     let mut env = stack.env();
+    env.extend(settings.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
     env.insert("GATEWAY_ADDR".into(), format!("127.0.0.1:{port}"));
     env.insert(
         "GATEWAY_OUTBOX".into(),
         stack.dir.path().join("outbox.redb").display().to_string(),
     );
     env.insert("ENGINE_SPEEDUP".into(), speedup.to_string());
+    // Tests send bursts; a test of the global limit sets its own.
+    env.entry("GATEWAY_GLOBAL_RPS".into())
+        .or_insert_with(|| "0".into());
     let mut gateway = Service::start("gateway", "gateway-lite", &[], env, stack.dir.path());
     let url = format!("http://127.0.0.1:{port}");
     wait_healthy(

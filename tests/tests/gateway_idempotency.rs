@@ -1,11 +1,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 //! `Idempotency-Key`: a retry gets the same answer and is billed once; a
-//! duplicate while the first is running gets 409; the key with another body 422.
+//! duplicate while the first is running gets 409; the key with another body
+//! 422; answers survive a gateway crash.
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use tests::gateway::{seed_tenant, start_gateway, start_ingest, wait_for_log};
+use tests::process::wait_healthy;
 use tests::TestStack;
 
 const KEY: &str = "sk-test-idem-0001";
@@ -14,7 +16,7 @@ const KEY: &str = "sk-test-idem-0001";
 async fn retry_with_the_same_key_is_answered_once_and_billed_once() {
     let stack = TestStack::new("gwidem").await;
     seed_tenant(&stack, "idem", KEY, Default::default()).await;
-    let (gateway, url) = start_gateway(&stack, 1).await;
+    let (mut gateway, url) = start_gateway(&stack, 1).await;
     let ingest = start_ingest(&stack);
     let client = reqwest::Client::new();
     let chat = format!("{url}/v1/chat/completions");
@@ -69,6 +71,28 @@ async fn retry_with_the_same_key_is_answered_once_and_billed_once() {
     let s2 = send("order-43", stream).await.unwrap();
     assert_eq!(s2.headers()["x-request-id"], s1_id.as_str());
     assert_eq!(s2.text().await.unwrap(), s1_text);
+
+    // The answers outlive the gateway: after a SIGKILL and a restart, a
+    // retry is still answered from the store, not run and billed again.
+    gateway.kill9().await;
+    gateway.restart();
+    wait_healthy(
+        &format!("{url}/healthz"),
+        &mut gateway,
+        Duration::from_secs(60),
+    )
+    .await;
+    let after = reqwest::Client::new()
+        .post(&chat)
+        .bearer_auth(KEY)
+        .header("idempotency-key", "order-42")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), 200);
+    assert_eq!(after.headers()["x-request-id"], first_id.as_str());
+    assert_eq!(after.json::<Value>().await.unwrap(), first_body);
 
     let rows = wait_for_log(&stack, "idem", 2, &[&gateway, &ingest]).await;
     assert_eq!(

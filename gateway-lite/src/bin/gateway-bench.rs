@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use engine::upstream::Upstreams;
 use engine::{CompletionRequest, ModelProfile, ServiceClass, Simulator};
 use gateway_lite::idempotency::Idempotency;
 use gateway_lite::limits::Limiter;
@@ -36,17 +37,20 @@ async fn main() -> anyhow::Result<()> {
             api_key_id: "key_bench".into(),
             priority: 5,
             max_concurrency: None,
+            rate: None,
             limits: Arc::new(HashMap::new()),
         },
     );
+    let outbox = Outbox::open(&dir.join("outbox.redb"))?;
     let state = AppState {
         registry,
-        engine: engine.clone(),
-        outbox: Outbox::open(&dir.join("outbox.redb"))?,
+        engine: Arc::new(Upstreams::simulated(engine.clone())),
+        outbox: outbox.clone(),
         gateway_id: "gw-bench".into(),
         speedup: 0,
         limiter: Limiter::default(),
-        idempotency: Idempotency::default(),
+        idempotency: Idempotency::new(outbox),
+        runs: tokio_util::task::TaskTracker::new(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -134,6 +138,7 @@ fn request(i: u64) -> CompletionRequest {
         seed: i,
         tenant_id: "bench".into(),
         class: ServiceClass::from_priority(5),
+        body: None,
     }
 }
 

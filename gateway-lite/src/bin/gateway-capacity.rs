@@ -161,6 +161,7 @@ async fn stream_memory(streams: usize) -> anyhow::Result<String> {
         .env("GATEWAY_ADDR", format!("127.0.0.1:{port}"))
         .env("GATEWAY_OUTBOX", dir.join("outbox.redb"))
         .env("GATEWAY_TENANTS_FILE", &tenants)
+        .env("GATEWAY_GLOBAL_RPS", "0")
         .env("ENGINE_SPEEDUP", "1")
         .env("RUST_LOG", "warn")
         .stdout(log.try_clone()?)

@@ -1,0 +1,332 @@
+//! An OpenAI-compatible server (vLLM, or Meterline's own `engine` binary)
+//! as the upstream of a model.
+//!
+//! Every request goes upstream as a stream with `include_usage`, whatever
+//! the client asked for: the chunks tell when tokens are produced (the
+//! [`Ledger`] weights follow them, TTFT is measured) and the last chunk
+//! carries the upstream's own token counts, which are authoritative.
+//! Dropping or cancelling a generation closes the connection, which is how
+//! vLLM learns to abort the request and free its KV.
+//!
+//! GPU time: Meterline's engine reports each request's attributed
+//! GPU-seconds in a `meterline` extension of its usage chunk; with
+//! `gpu_time: auto` that figure is used when present. Otherwise (vLLM
+//! reports none) the request's share of the replica's busy time comes from
+//! the [`Ledger`].
+
+use std::borrow::Cow;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use eventsource_stream::{Event, EventStreamError, Eventsource};
+use futures_util::{Stream, StreamExt};
+use reqwest::StatusCode;
+use rust_decimal::Decimal;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::attribution::to_gpu_seconds;
+use crate::error::EngineError;
+use crate::simulator::{Completion, CompletionRequest, Piece};
+use crate::tokenizer;
+use crate::upstream::ledger::{Ledger, Share};
+use crate::upstream::{GpuTime, RemoteModel};
+
+type Events = Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send>>;
+
+/// One upstream replica serving one model.
+#[derive(Debug)]
+pub struct HttpUpstream {
+    pub config: RemoteModel,
+    url: String,
+    api_key: Option<String>,
+    client: reqwest::Client,
+    pub ledger: Arc<Ledger>,
+}
+
+impl HttpUpstream {
+    pub fn new(config: RemoteModel) -> Result<Self, EngineError> {
+        let bad =
+            |detail: String| EngineError::Config(format!("upstream {:?}: {detail}", config.model));
+        let api_key = match &config.api_key_env {
+            None => None,
+            Some(var) => Some(
+                std::env::var(var)
+                    .map_err(|_| bad(format!("api_key_env names {var}, which is not set")))?,
+            ),
+        };
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .read_timeout(Duration::from_secs(config.idle_timeout_secs))
+            .pool_max_idle_per_host(64)
+            .build()
+            .map_err(|e| bad(format!("HTTP client: {e}")))?;
+        Ok(Self {
+            url: format!("{}/v1/chat/completions", config.url.trim_end_matches('/')),
+            ledger: Arc::new(Ledger::new(config.gpus)),
+            api_key,
+            client,
+            config,
+        })
+    }
+
+    /// Sends the request upstream and returns once its response started.
+    pub async fn start(
+        &self,
+        req: &CompletionRequest,
+        stream: bool,
+    ) -> Result<HttpGeneration, EngineError> {
+        let c = &self.config;
+        // The client's own request, so every field the upstream understands
+        // (roles, temperature, tools, …) reaches it; the gateway decides
+        // the model name, the output cap and the streaming mode.
+        let mut body = match &req.body {
+            Some(Value::Object(map)) => map.clone(),
+            _ => {
+                let mut map = serde_json::Map::new();
+                map.insert(
+                    "messages".into(),
+                    json!([{"role": "user", "content": req.prompt}]),
+                );
+                map
+            }
+        };
+        body.insert(
+            "model".into(),
+            json!(c.upstream_model.as_deref().unwrap_or(&c.model)),
+        );
+        body.insert("stream".into(), json!(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
+        body.remove("max_completion_tokens");
+        match req.max_tokens {
+            Some(n) => body.insert("max_tokens".into(), json!(n)),
+            None => body.remove("max_tokens"),
+        };
+        let prompt_tokens = tokenizer::count(&req.prompt);
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("x-tenant-id", &req.tenant_id)
+            .header("x-service-class", req.class.as_str())
+            .json(&Value::Object(body));
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let started = Instant::now();
+        // In flight from the moment it is sent: queueing upstream holds KV too.
+        let share = self.ledger.join(prompt_tokens);
+        let upstream_error = |detail: String| EngineError::Upstream {
+            model: c.model.clone(),
+            detail,
+        };
+        let response = request
+            .send()
+            .await
+            .map_err(|e| upstream_error(format!("{}: {e}", self.url)))?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            let message = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| text.chars().take(300).collect());
+            return Err(match status {
+                StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+                    EngineError::UpstreamBusy {
+                        model: c.model.clone(),
+                        detail: message,
+                    }
+                }
+                StatusCode::NOT_FOUND => EngineError::UnknownModel(c.model.clone()),
+                s if s.is_client_error() => EngineError::BadRequest(message),
+                s => upstream_error(format!("{s}: {message}")),
+            });
+        }
+        Ok(HttpGeneration {
+            events: Some(Box::pin(response.bytes_stream().eventsource())),
+            share: Some(share),
+            gpu_time: c.gpu_time,
+            stream,
+            started,
+            first_token: None,
+            prompt_tokens,
+            produced: 0,
+            text: String::new(),
+            finish_reason: None,
+            usage: None,
+            reported: None,
+            model: c.model.clone(),
+            model_version: c.version().to_owned(),
+            replica_id: c.replica().to_owned(),
+        })
+    }
+}
+
+/// The token counts of the upstream's usage chunk.
+#[derive(Debug, Deserialize)]
+struct Usage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+/// Meterline's engine's extension: its own exact GPU figures.
+#[derive(Debug, Deserialize)]
+struct Reported {
+    gpu_seconds: Decimal,
+    #[serde(default)]
+    preempted_gpu_seconds: Decimal,
+    #[serde(default)]
+    model_version: Option<String>,
+    #[serde(default)]
+    replica_id: Option<String>,
+}
+
+/// A request running upstream. Dropping it closes the connection.
+pub struct HttpGeneration {
+    events: Option<Events>,
+    share: Option<Share>,
+    gpu_time: GpuTime,
+    stream: bool,
+    started: Instant,
+    first_token: Option<Instant>,
+    /// Counted here; replaced by the upstream's count when it reports one.
+    prompt_tokens: u64,
+    /// Content chunks received (one token each in vLLM's streams).
+    produced: u64,
+    /// The answer, collected only for a non-streaming client.
+    text: String,
+    finish_reason: Option<String>,
+    usage: Option<Usage>,
+    reported: Option<Reported>,
+    model: String,
+    model_version: String,
+    replica_id: String,
+}
+
+impl HttpGeneration {
+    fn error(&self, detail: impl Into<String>) -> EngineError {
+        EngineError::Upstream {
+            model: self.model.clone(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The next token (streaming clients only) or the final completion.
+    pub async fn next(&mut self) -> Result<Piece, EngineError> {
+        loop {
+            let Some(events) = self.events.as_mut() else {
+                return Err(self.error("the stream already ended"));
+            };
+            let event = match events.next().await {
+                Some(Ok(event)) => event,
+                Some(Err(e)) => return Err(self.error(format!("reading the stream: {e}"))),
+                None => return Err(self.error("the stream ended before [DONE]")),
+            };
+            if event.data.trim() == "[DONE]" {
+                self.events = None;
+                return Ok(Piece::Done(self.completion()));
+            }
+            let chunk: Value = serde_json::from_str(&event.data)
+                .map_err(|e| self.error(format!("a chunk is not JSON: {e}")))?;
+            if let Some(message) = chunk.get("error") {
+                let message = message["message"]
+                    .as_str()
+                    .unwrap_or("unknown error")
+                    .to_owned();
+                return Err(self.error(message));
+            }
+            if let Some(reported) = chunk.get("meterline") {
+                self.reported = serde_json::from_value(reported.clone()).ok();
+            }
+            if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
+                self.usage = serde_json::from_value(usage.clone()).ok();
+            }
+            let Some(choice) = chunk["choices"].get(0) else {
+                continue;
+            };
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                self.finish_reason = Some(reason.to_owned());
+            }
+            let Some(content) = choice["delta"]["content"]
+                .as_str()
+                .filter(|c| !c.is_empty())
+            else {
+                continue;
+            };
+            self.produced += 1;
+            if let Some(share) = &self.share {
+                share.grow(1);
+            }
+            self.first_token.get_or_insert_with(Instant::now);
+            if self.stream {
+                return Ok(Piece::Token(Cow::Owned(content.to_owned())));
+            }
+            self.text.push_str(content);
+        }
+    }
+
+    /// Waits for the completion, skipping tokens.
+    pub async fn finish(mut self) -> Result<Completion, EngineError> {
+        loop {
+            if let Piece::Done(c) = self.next().await? {
+                return Ok(c);
+            }
+        }
+    }
+
+    /// Closes the connection (the upstream aborts the request) and returns
+    /// what it used: the tokens received and its share of the replica's time.
+    pub fn cancel(mut self) -> Completion {
+        self.events = None;
+        self.reported = None;
+        self.usage = None;
+        self.finish_reason = None;
+        self.completion()
+    }
+
+    fn completion(&mut self) -> Completion {
+        let derived = to_gpu_seconds(self.share.take().map_or(0, Share::finish));
+        let now = Instant::now();
+        let (gpu_seconds, preempted) = match (&self.reported, self.gpu_time) {
+            (Some(r), GpuTime::Auto) => (r.gpu_seconds, r.preempted_gpu_seconds),
+            _ => (derived, Decimal::ZERO),
+        };
+        let reported = self.reported.take();
+        let usage = self.usage.take();
+        Completion {
+            model_version: reported
+                .as_ref()
+                .and_then(|r| r.model_version.clone())
+                .unwrap_or_else(|| self.model_version.clone()),
+            replica_id: reported
+                .and_then(|r| r.replica_id)
+                .unwrap_or_else(|| self.replica_id.clone()),
+            text: std::mem::take(&mut self.text),
+            prompt_tokens: usage
+                .as_ref()
+                .map_or(self.prompt_tokens, |u| u.prompt_tokens),
+            cached_tokens: usage
+                .as_ref()
+                .and_then(|u| u.prompt_tokens_details.as_ref())
+                .and_then(|d| d.cached_tokens)
+                .unwrap_or(0),
+            completion_tokens: usage
+                .as_ref()
+                .map_or(self.produced, |u| u.completion_tokens),
+            length_capped: self.finish_reason.as_deref() == Some("length"),
+            ttft: self.first_token.unwrap_or(now) - self.started,
+            total: now - self.started,
+            gpu_seconds,
+            preempted_gpu_seconds: preempted,
+        }
+    }
+}

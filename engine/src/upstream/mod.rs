@@ -1,0 +1,272 @@
+//! Which engine serves which model: the in-process [`Simulator`] by
+//! default, or an OpenAI-compatible server over HTTP (vLLM, or the
+//! `engine` binary) for the models listed in an upstreams file:
+//!
+//! ```yaml
+//! upstreams:
+//!   - model: llama-3.1-70b          # the name clients ask for
+//!     url: http://10.0.0.5:8000     # /v1/chat/completions is appended
+//!     upstream_model: meta-llama/Llama-3.1-70B-Instruct   # optional
+//!     gpus: 4                       # GPUs of that replica (GPU time = wall time share × gpus)
+//!     max_context: 131072
+//!     model_version: "3.1"          # optional, stamped on usage events
+//!     replica_id: vllm-70b-a        # optional
+//!     gpu_time: auto                # auto: the upstream's own figure if it reports one; derived: always the ledger's
+//!     api_key_env: VLLM_API_KEY     # optional: the env var holding the upstream's bearer key
+//!     idle_timeout_secs: 60         # optional: longest silence inside a response
+//! ```
+//!
+//! - [`ledger`]: GPU time from wall time × in-flight token share, exactly
+//! - [`http`]: the HTTP client side of one upstream replica
+
+pub mod http;
+pub mod ledger;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rust_decimal::Decimal;
+use serde::Deserialize;
+
+use crate::error::EngineError;
+use crate::simulator::{self, Completion, CompletionRequest, Piece, Simulator};
+use http::{HttpGeneration, HttpUpstream};
+
+/// Where a request's GPU time comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuTime {
+    /// The upstream's own attributed figure when it reports one, else derived.
+    #[default]
+    Auto,
+    /// Always the wall-time × in-flight-token share of the replica.
+    Derived,
+}
+
+/// One model served by an OpenAI-compatible server; see the module docs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteModel {
+    pub model: String,
+    pub url: String,
+    #[serde(default)]
+    pub upstream_model: Option<String>,
+    pub gpus: u32,
+    pub max_context: u32,
+    #[serde(default)]
+    pub model_version: Option<String>,
+    #[serde(default)]
+    pub replica_id: Option<String>,
+    #[serde(default)]
+    pub gpu_time: GpuTime,
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_secs: u64,
+}
+
+fn default_idle_timeout() -> u64 {
+    60
+}
+
+impl RemoteModel {
+    pub fn version(&self) -> &str {
+        self.model_version
+            .as_deref()
+            .or(self.upstream_model.as_deref())
+            .unwrap_or(&self.model)
+    }
+
+    pub fn replica(&self) -> &str {
+        self.replica_id.as_deref().unwrap_or(&self.url)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.model.trim().is_empty() {
+            return Err("model is empty".into());
+        }
+        let url = reqwest::Url::parse(&self.url).map_err(|e| format!("url {:?}: {e}", self.url))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!("url {:?} must be http:// or https://", self.url));
+        }
+        if !(1..=1024).contains(&self.gpus) {
+            return Err(format!("gpus must be 1 to 1024, got {}", self.gpus));
+        }
+        if self.max_context == 0 {
+            return Err("max_context must be above 0".into());
+        }
+        if !(1..=3600).contains(&self.idle_timeout_secs) {
+            return Err(format!(
+                "idle_timeout_secs must be 1 to 3600, got {}",
+                self.idle_timeout_secs
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpstreamsFile {
+    upstreams: Vec<RemoteModel>,
+}
+
+/// Reads and checks an upstreams file; the error names the file, the entry
+/// and what is wrong with it.
+pub fn load(path: &Path) -> Result<Vec<RemoteModel>, EngineError> {
+    let bad = |detail: String| EngineError::Config(format!("{}: {detail}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let file: UpstreamsFile = serde_norway::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    for (i, m) in file.upstreams.iter().enumerate() {
+        m.validate()
+            .map_err(|e| bad(format!("upstreams[{i}] ({:?}): {e}", m.model)))?;
+        if file.upstreams[..i].iter().any(|o| o.model == m.model) {
+            return Err(bad(format!(
+                "upstreams[{i}]: model {:?} is listed twice",
+                m.model
+            )));
+        }
+    }
+    Ok(file.upstreams)
+}
+
+/// What the gateway needs to know about a served model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    pub name: String,
+    pub version: String,
+    pub max_context: u32,
+    pub gpus: u32,
+    /// The replica stamped on usage events unless the engine names one.
+    pub replica_id: String,
+    /// Served over HTTP (the request body is passed through).
+    pub remote: bool,
+}
+
+/// The models a gateway serves and the engine behind each.
+#[derive(Debug)]
+pub struct Upstreams {
+    simulator: Arc<Simulator>,
+    remote: Vec<Arc<HttpUpstream>>,
+    models: Vec<ModelInfo>,
+}
+
+impl Upstreams {
+    /// The simulator's models, except those `remote` takes over, plus `remote`.
+    pub fn new(simulator: Arc<Simulator>, remote: Vec<RemoteModel>) -> Result<Self, EngineError> {
+        let remote = remote
+            .into_iter()
+            .map(|m| HttpUpstream::new(m).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut models = Self::simulated(simulator.clone()).models;
+        models.retain(|m| !remote.iter().any(|r| r.config.model == m.name));
+        models.extend(remote.iter().map(|r| ModelInfo {
+            name: r.config.model.clone(),
+            version: r.config.version().to_owned(),
+            max_context: r.config.max_context,
+            gpus: r.config.gpus,
+            replica_id: r.config.replica().to_owned(),
+            remote: true,
+        }));
+        Ok(Self {
+            simulator,
+            remote,
+            models,
+        })
+    }
+
+    /// Only the simulator.
+    pub fn simulated(simulator: Arc<Simulator>) -> Self {
+        let models = simulator
+            .models()
+            .iter()
+            .map(|p| ModelInfo {
+                name: p.name.clone(),
+                version: p.version.clone(),
+                max_context: p.max_context,
+                gpus: p.gpus,
+                replica_id: format!("{}-r0", p.name),
+                remote: false,
+            })
+            .collect();
+        Self {
+            simulator,
+            remote: Vec::new(),
+            models,
+        }
+    }
+
+    pub fn models(&self) -> &[ModelInfo] {
+        &self.models
+    }
+
+    pub fn model(&self, name: &str) -> Option<&ModelInfo> {
+        self.models.iter().find(|m| m.name == name)
+    }
+
+    pub fn simulator(&self) -> &Arc<Simulator> {
+        &self.simulator
+    }
+
+    /// The HTTP upstreams (for their ledgers' metrics).
+    pub fn remote(&self) -> &[Arc<HttpUpstream>] {
+        &self.remote
+    }
+
+    /// Starts a request on the model's engine.
+    pub async fn start(
+        &self,
+        req: &CompletionRequest,
+        stream: bool,
+    ) -> Result<Generation, EngineError> {
+        match self.remote.iter().find(|r| r.config.model == req.model) {
+            Some(upstream) => Ok(Generation::Http(Box::new(
+                upstream.start(req, stream).await?,
+            ))),
+            None => Ok(Generation::Simulated(
+                self.simulator.start(req, stream).await?,
+            )),
+        }
+    }
+
+    /// GPU time of a request whose engine could not say (it failed
+    /// mid-way): the simulated model's roofline estimate, else zero.
+    pub fn estimated_gpu_seconds(&self, model: &str, prompt: u64, produced: u64) -> Decimal {
+        match self.simulator.profile(model) {
+            Some(p) if self.model(model).is_some_and(|m| !m.remote) => {
+                p.estimated_gpu_seconds(prompt, produced)
+            }
+            _ => Decimal::ZERO,
+        }
+    }
+}
+
+/// A request running on whichever engine serves its model.
+pub enum Generation {
+    Simulated(simulator::Generation),
+    Http(Box<HttpGeneration>),
+}
+
+impl Generation {
+    pub async fn next(&mut self) -> Result<Piece, EngineError> {
+        match self {
+            Self::Simulated(g) => g.next().await,
+            Self::Http(g) => g.next().await,
+        }
+    }
+
+    pub async fn finish(self) -> Result<Completion, EngineError> {
+        match self {
+            Self::Simulated(g) => g.finish().await,
+            Self::Http(g) => g.finish().await,
+        }
+    }
+
+    /// Stops the request at its engine (KV freed) and returns what it used.
+    pub async fn cancel(self) -> Result<Completion, EngineError> {
+        match self {
+            Self::Simulated(g) => g.cancel().await,
+            Self::Http(g) => Ok(g.cancel()),
+        }
+    }
+}

@@ -1,0 +1,247 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+//! The gateway in front of an OpenAI-compatible server over HTTP (the
+//! `engine` binary standing in for vLLM): requests pass through, usage comes
+//! from the upstream's own counts, and GPU time is either the upstream's
+//! reported figure or derived from wall time × in-flight token share — in
+//! both cases adding up exactly to the replica's busy GPU time.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use rust_decimal::Decimal;
+use serde_json::{json, Value};
+use tests::gateway::{read_sse, seed_tenant, start_gateway_with, start_ingest};
+use tests::process::{free_port, wait_healthy};
+use tests::{Service, TestStack};
+
+const KEY: &str = "sk-test-upstream-0001";
+const DERIVED: &str = "llama-3.1-8b";
+const REPORTED: &str = "llama-3.1-70b";
+
+/// The value of the first sample of `name` whose labels contain `label`.
+fn sample(metrics: &str, name: &str, label: &str) -> Option<Decimal> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+async fn scrape(url: &str) -> String {
+    reqwest::get(url).await.unwrap().text().await.unwrap()
+}
+
+/// (finish_reason, completion_tokens, gpu_seconds, replica_id) by request id.
+async fn events(stack: &TestStack, model: &str) -> HashMap<String, (String, i64, Decimal, String)> {
+    let rows: Vec<(uuid::Uuid, String, i64, Decimal, String)> = sqlx::query_as(
+        "SELECT request_id, finish_reason, completion_tokens, gpu_seconds, replica_id
+         FROM request_log WHERE model = $1",
+    )
+    .bind(model)
+    .fetch_all(&stack.pool)
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(|(id, f, c, g, r)| (format!("req_{id}"), (f, c, g, r)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_upstream_usage_and_gpu_time_add_up() {
+    let stack = TestStack::new("gwupstream").await;
+    seed_tenant(&stack, "remote", KEY, Default::default()).await;
+
+    // The upstream: the engine binary over HTTP, 20× real time so
+    // requests overlap on its replicas.
+    let engine_port = free_port();
+    let mut env = HashMap::new();
+    env.insert("ENGINE_ADDR".to_owned(), format!("127.0.0.1:{engine_port}"));
+    env.insert("ENGINE_SPEEDUP".to_owned(), "20".to_owned());
+    let mut engine = Service::start("engine", "engine", &[], env, stack.dir.path());
+    let engine_url = format!("http://127.0.0.1:{engine_port}");
+    wait_healthy(
+        &format!("{engine_url}/health"),
+        &mut engine,
+        Duration::from_secs(60),
+    )
+    .await;
+
+    let upstreams = stack.dir.path().join("upstreams.yaml");
+    std::fs::write(
+        &upstreams,
+        format!(
+            "upstreams:
+  - model: {DERIVED}
+    url: {engine_url}
+    gpus: 1
+    max_context: 131072
+    model_version: served-8b
+    replica_id: http-8b
+    gpu_time: derived
+  - model: {REPORTED}
+    url: {engine_url}/
+    gpus: 4
+    max_context: 131072
+"
+        ),
+    )
+    .unwrap();
+    let (gateway, url) = start_gateway_with(
+        &stack,
+        1,
+        &[("GATEWAY_UPSTREAMS", upstreams.display().to_string())],
+    )
+    .await;
+    let ingest = start_ingest(&stack);
+    let client = reqwest::Client::new();
+    let chat = format!("{url}/v1/chat/completions");
+
+    // Concurrent traffic on both models: plain, streamed with usage, and
+    // streams whose client leaves after three chunks.
+    let mut told: HashMap<String, (String, i64)> = HashMap::new();
+    let mut cancelled: Vec<String> = Vec::new();
+    let calls = (0..24).map(|i| {
+        let (client, chat) = (client.clone(), chat.clone());
+        async move {
+            let (stream, leave) = (i % 2 == 1, i % 8 == 7);
+            let model = if i % 3 == 0 && !leave { REPORTED } else { DERIVED };
+            let mut res = client
+                .post(&chat)
+                .bearer_auth(KEY)
+                .json(&json!({
+                    "model": model,
+                    "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": format!("question number {i} about GPUs")}],
+                    "max_tokens": if leave { 500 } else { 60 },
+                    "seed": i,
+                    "temperature": 0.2,
+                    "stream": stream,
+                    "stream_options": {"include_usage": true},
+                }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200, "{}", res.text().await.unwrap_or_default());
+            let id = res.headers()["x-request-id"].to_str().unwrap().to_owned();
+            if leave {
+                let first = read_sse(&mut res, 3).await;
+                assert_eq!(first.len(), 3);
+                return (id, None);
+            }
+            let usage: Value = if stream {
+                let frames = read_sse(&mut res, 10_000).await;
+                assert_eq!(frames.last().map(String::as_str), Some("[DONE]"));
+                let last: Value = serde_json::from_str(&frames[frames.len() - 2]).unwrap();
+                last["usage"].clone()
+            } else {
+                let body: Value = res.json().await.unwrap();
+                assert_eq!(body["model"], model);
+                body["usage"].clone()
+            };
+            (id, Some((model.to_owned(), usage["completion_tokens"].as_i64().unwrap())))
+        }
+    });
+    for (id, outcome) in join_all(calls).await {
+        match outcome {
+            Some(o) => {
+                told.insert(id, o);
+            }
+            None => cancelled.push(id),
+        }
+    }
+    assert_eq!(cancelled.len(), 3);
+
+    // Every request is billed once, with what the client was told.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let (derived, reported) = loop {
+        let (d, r) = (
+            events(&stack, DERIVED).await,
+            events(&stack, REPORTED).await,
+        );
+        if d.len() + r.len() >= 24 || tokio::time::Instant::now() > deadline {
+            break (d, r);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        derived.len() + reported.len(),
+        24,
+        "gateway:\n{}\ningest:\n{}",
+        gateway.log_tail(),
+        ingest.log_tail()
+    );
+    for (id, (model, completion)) in &told {
+        let all = if model == DERIVED {
+            &derived
+        } else {
+            &reported
+        };
+        let (reason, billed, gpu, _) = &all[id];
+        assert!(["stop", "length"].contains(&reason.as_str()), "{reason}");
+        assert_eq!(
+            billed, completion,
+            "billed tokens = the usage the client got"
+        );
+        assert!(*gpu > Decimal::ZERO, "{id} has GPU time");
+    }
+    for id in &cancelled {
+        let (reason, billed, gpu, _) = derived.get(id).or(reported.get(id)).unwrap();
+        assert_eq!(reason, "cancelled");
+        assert!(
+            (3..500).contains(billed),
+            "tokens streamed before leaving, got {billed}"
+        );
+        assert!(*gpu > Decimal::ZERO);
+    }
+    assert!(derived.values().all(|e| e.3 == "http-8b"));
+
+    // Derived: the requests' shares add up to the replica's busy GPU time,
+    // exactly, as the gateway's ledger measured it.
+    let metrics = scrape(&format!("{url}/metrics")).await;
+    let busy = sample(
+        &metrics,
+        "gateway_upstream_busy_gpu_microseconds_total",
+        "http-8b",
+    )
+    .unwrap();
+    let attributed = sample(
+        &metrics,
+        "gateway_upstream_attributed_gpu_microseconds_total",
+        "http-8b",
+    )
+    .unwrap();
+    let billed: Decimal = derived.values().map(|e| e.2).sum();
+    assert_eq!(billed * Decimal::from(1_000_000), busy, "{metrics}");
+    assert_eq!(attributed, busy);
+
+    // Reported: the engine's own attribution passes through unchanged, so
+    // the requests on that replica (none cancelled) add up to its busy GPU time.
+    assert!(!reported.is_empty());
+    let engine_metrics = scrape(&format!("{engine_url}/metrics")).await;
+    let busy = sample(
+        &engine_metrics,
+        "meterline_engine_busy_gpu_seconds_total",
+        REPORTED,
+    )
+    .unwrap();
+    let billed: Decimal = reported.values().map(|e| e.2).sum();
+    assert_eq!(billed, busy, "{engine_metrics}");
+
+    // The upstream going away: 502 in OpenAI's shape, nothing billed.
+    engine.kill9().await;
+    let res = client
+        .post(&chat)
+        .bearer_auth(KEY)
+        .json(&json!({"model": DERIVED, "messages": [{"role": "user", "content": "hello?"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 502);
+    assert!(res.headers().contains_key("x-request-id"));
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "server_error");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        events(&stack, DERIVED).await.len() + events(&stack, REPORTED).await.len(),
+        24
+    );
+}
