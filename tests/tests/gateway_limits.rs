@@ -1,11 +1,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 //! Each limit trips with 429, the limit's name as the error `type`, a
 //! `Retry-After` and the `x-ratelimit-*` headers; rejected requests are
-//! never billed.
+//! never billed; a full engine is 503, never mixed up with 429.
+
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use tests::gateway::{
-    read_sse, seed_tenant, start_gateway, start_ingest, wait_for_log, TenantLimits,
+    read_sse, seed_tenant, start_gateway, start_gateway_with, start_ingest, wait_for_log,
+    TenantLimits,
 };
 use tests::TestStack;
 
@@ -187,4 +190,126 @@ async fn each_limit_trips_with_its_type_and_headers_and_rejections_are_not_bille
     }
     assert!(metrics.contains("gateway_active_requests"), "{metrics}");
     assert!(metrics.contains("gateway_tokens_remaining"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_and_global_rates_are_429_and_a_full_engine_is_503() {
+    let stack = TestStack::new("gwcapacity").await;
+    for (tenant, key) in [
+        ("burster", "sk-test-burster"),
+        ("flood", "sk-test-flood"),
+        ("vip", "sk-test-vip"),
+    ] {
+        seed_tenant(&stack, tenant, key, TenantLimits::default()).await;
+    }
+    // The reference config's rateLimit (requests/s, burst), and a
+    // best-effort tenant (priority 1: admitted below 60% KV occupancy).
+    sqlx::query(
+        "UPDATE tenants SET requests_per_second = 1, burst = 2 WHERE tenant_id = 'burster'",
+    )
+    .execute(&stack.pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE tenants SET priority = 1 WHERE tenant_id = 'flood'")
+        .execute(&stack.pool)
+        .await
+        .unwrap();
+    let (gateway, url) = start_gateway_with(
+        &stack,
+        1,
+        &[
+            ("GATEWAY_GLOBAL_RPS", "20".into()),
+            ("GATEWAY_GLOBAL_BURST", "20".into()),
+        ],
+    )
+    .await;
+    let ingest = start_ingest(&stack);
+    let client = reqwest::Client::new();
+    let chat = format!("{url}/v1/chat/completions");
+    let send = |key: &'static str, b: Value| client.post(&chat).bearer_auth(key).json(&b).send();
+
+    // 1. The tenant's bucket: a burst of 2, then 429 `tenant_requests`.
+    for _ in 0..2 {
+        assert_eq!(
+            send("sk-test-burster", body(1, false))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    expect_429(
+        send("sk-test-burster", body(1, false)).await.unwrap(),
+        "tenant_requests",
+    )
+    .await;
+
+    // 2. A long-context flood from the best-effort tenant fills the 8B
+    //    replica's KV until the engine says no: 503, not 429.
+    let mut held = Vec::new();
+    let mut refused = None;
+    for i in 0..12 {
+        let prompt = format!("flood {i}:{}", " hello".repeat(60_000));
+        let res = send(
+            "sk-test-flood",
+            json!({
+                "model": "llama-3.1-8b",
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 4000,
+                "stream": true,
+            }),
+        )
+        .await
+        .unwrap();
+        match res.status().as_u16() {
+            200 => held.push(res),
+            503 => {
+                refused = Some(res);
+                break;
+            }
+            s => panic!("unexpected {s}: {}", res.text().await.unwrap()),
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let refused = refused.expect("the flood was never refused");
+    assert!(held.len() >= 2, "several long requests fit first");
+    let retry: u64 = header(&refused, "retry-after").parse().unwrap();
+    assert!(retry >= 1);
+    assert!(refused.headers().contains_key("x-request-id"));
+    let v: Value = refused.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "no_capacity", "{v}");
+    assert_eq!(v["error"]["type"], "server_error", "{v}");
+
+    // 3. A reserved tenant (threshold 92%) still gets in during the flood.
+    let res = send("sk-test-vip", body(5, false)).await.unwrap();
+    assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
+
+    // 4. The global bucket (20/s, burst 20) turns a burst of 40 away in part.
+    let burst = (0..40).map(|_| send("sk-test-vip", body(1, false)));
+    let mut statuses: Vec<u16> = Vec::new();
+    let mut global = 0;
+    for res in futures_util::future::join_all(burst).await {
+        let res = res.unwrap();
+        statuses.push(res.status().as_u16());
+        if res.status() == 429 {
+            let v: Value = res.json().await.unwrap();
+            assert_eq!(v["error"]["type"], "global_requests", "{v}");
+            global += 1;
+        }
+    }
+    assert!(
+        statuses.iter().all(|s| [200, 429].contains(s)),
+        "{statuses:?}"
+    );
+    assert!(global > 0, "{statuses:?}");
+    let vip_ok = 1 + statuses.iter().filter(|s| **s == 200).count();
+
+    // The flood's clients leave: each admitted stream is billed once, as
+    // cancelled; nothing refused is billed.
+    let flooded = held.len();
+    drop(held);
+    wait_for_log(&stack, "burster", 2, &[&gateway, &ingest]).await;
+    wait_for_log(&stack, "vip", vip_ok, &[&gateway, &ingest]).await;
+    let flood = wait_for_log(&stack, "flood", flooded, &[&gateway, &ingest]).await;
+    assert!(flood.values().all(|row| row.0 == "cancelled"), "{flood:?}");
 }

@@ -114,3 +114,45 @@ async fn streamed_tokens_are_billed_and_a_disconnect_is_billed_as_cancelled() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     wait_for_log(&stack, "streamer", 2, &[&gateway, &ingest]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_admitted_streams_finish_and_their_events_reach_the_broker() {
+    let stack = TestStack::new("gwsigterm").await;
+    seed_tenant(&stack, "leaver", KEY, Default::default()).await;
+    let (mut gateway, url) = start_gateway(&stack, 1).await;
+    let ingest = start_ingest(&stack);
+    let mut res = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&json!({
+            "model": "llama-3.1-8b",
+            "messages": [{"role": "user", "content": "a stream that outlives the SIGTERM"}],
+            "max_tokens": 120,
+            "seed": 11,
+            "stream": true,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let id = res.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(read_sse(&mut res, 2).await.len(), 2);
+
+    // SIGTERM mid-stream: the gateway stops taking requests but the stream
+    // runs to its end, its event is written, relayed, and then it exits 0.
+    let pid = gateway.pid().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let rest = read_sse(&mut res, 10_000).await;
+    assert_eq!(rest.last().map(String::as_str), Some("[DONE]"));
+    let streamed = 2 + chunks(&rest)
+        .iter()
+        .filter(|c| c["choices"][0]["delta"]["content"].is_string())
+        .count() as i64;
+    let status = gateway.terminate(Duration::from_secs(30)).await.unwrap();
+    assert!(status.success(), "{status:?}\n{}", gateway.log_tail());
+    let rows = wait_for_log(&stack, "leaver", 1, &[&gateway, &ingest]).await;
+    assert_eq!(rows[&id].2, streamed);
+}
