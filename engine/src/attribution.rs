@@ -38,7 +38,10 @@ impl Splitter {
             return;
         }
         // The common case: every product fits a u64, so no u128 division.
-        if let Some(top) = u64::try_from(sum).ok().filter(|s| s.checked_mul(total).is_some()) {
+        if let Some(top) = u64::try_from(sum)
+            .ok()
+            .filter(|s| s.checked_mul(total).is_some())
+        {
             let (mut cum, mut before) = (0u64, 0u64);
             for (&w, share) in weights.iter().zip(shares.iter_mut()) {
                 cum += w;

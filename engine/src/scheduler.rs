@@ -13,8 +13,9 @@
 //! generated tokens; the GPU time it had accrued since it started is
 //! reported as preempted.
 //!
-//! Admission by class: a request arrives only while KV occupancy is below
-//! its class's threshold (best-effort 60%, standard 85%, reserved 92%), and
+//! Admission by class: a request arrives only while KV occupancy — blocks in
+//! use plus the blocks the waiting queue needs to start — is below its
+//! class's threshold (best-effort 60%, standard 85%, reserved 92%), and
 //! starts only if its blocks keep occupancy below it.
 
 use std::collections::VecDeque;
@@ -172,10 +173,19 @@ impl Memory {
     }
 }
 
+/// The blocks a waiting sequence needs to start.
+fn demand(s: &Seq) -> u64 {
+    KvPool::blocks_for(u64::from(s.prompt_tokens + s.generated))
+}
+
 #[derive(Debug, Default)]
 pub struct Scheduler {
     pub running: Vec<Seq>,
     waiting: [VecDeque<Seq>; 3],
+    /// KV blocks the waiting sequences will need to start (their prompt
+    /// and what they generated before a preemption): admission counts them
+    /// as taken, so a flood that can't start is refused, not queued forever.
+    waiting_blocks: u64,
     starts: u64,
     pub preemptions: u64,
     /// Prompt tokens looked up in and served from the prefix cache.
@@ -192,7 +202,13 @@ impl Scheduler {
     }
 
     pub fn enqueue(&mut self, seq: Seq) {
+        self.waiting_blocks += demand(&seq);
         self.waiting[seq.class.index()].push_back(seq);
+    }
+
+    /// See the `waiting_blocks` field.
+    pub fn waiting_blocks(&self) -> u64 {
+        self.waiting_blocks
     }
 
     /// Removes a sequence wherever it is; the caller releases its memory.
@@ -202,7 +218,9 @@ impl Scheduler {
         }
         for q in &mut self.waiting {
             if let Some(i) = q.iter().position(|s| s.id == id) {
-                return q.remove(i);
+                let s = q.remove(i)?;
+                self.waiting_blocks -= demand(&s);
+                return Some(s);
             }
         }
         None
@@ -284,6 +302,7 @@ impl Scheduler {
                 let Some(mut s) = self.waiting[class.index()].pop_front() else {
                     break;
                 };
+                self.waiting_blocks -= demand(&s);
                 if !mem.kv.take_private(need) {
                     debug_assert!(false, "blocks were made free");
                 }
@@ -335,6 +354,7 @@ impl Scheduler {
         s.computed = 0;
         s.step_tokens = 0;
         self.preemptions += 1;
+        self.waiting_blocks += demand(&s);
         self.waiting[s.class.index()].push_front(s);
     }
 }

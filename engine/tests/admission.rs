@@ -108,3 +108,35 @@ fn each_class_is_refused_at_its_own_threshold() {
         .unwrap();
     assert_eq!(replica.stats().rejected, 1);
 }
+
+#[test]
+fn a_flood_that_cannot_start_is_refused_not_queued_forever() {
+    // Nothing has run yet, so no block is in use: only the queue's demand
+    // (each 100k-token prompt needs ~17.7% of the KV) can stop the flood.
+    let mut replica = Replica::new(&p70(), "queue-r0").unwrap();
+    let mut admitted = 0;
+    while replica
+        .submit("flood", req(ServiceClass::BestEffort, 100_000, 200), 0)
+        .is_ok()
+    {
+        admitted += 1;
+        assert!(admitted < 10, "the flood was never refused");
+    }
+    assert_eq!(admitted, 4, "four fit under 60%, the fifth would not");
+    // The other classes still get in, up to their own thresholds.
+    replica
+        .submit("finserv", req(ServiceClass::Standard, 300, 10), 0)
+        .unwrap();
+    replica
+        .submit("acme", req(ServiceClass::Reserved, 300, 10), 0)
+        .unwrap();
+
+    // vLLM-style queueing (the benchmark's setting) admits the whole flood.
+    let mut queueing = Replica::new(&p70(), "vllm-r0").unwrap();
+    queueing.set_queue_admission(false);
+    for _ in 0..10 {
+        queueing
+            .submit("flood", req(ServiceClass::BestEffort, 100_000, 200), 0)
+            .unwrap();
+    }
+}

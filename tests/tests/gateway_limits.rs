@@ -200,7 +200,13 @@ async fn tenant_and_global_rates_are_429_and_a_full_engine_is_503() {
         ("flood", "sk-test-flood"),
         ("vip", "sk-test-vip"),
     ] {
-        seed_tenant(&stack, tenant, key, TenantLimits::default()).await;
+        // Generous per-key limits, so every answer carries x-ratelimit-*.
+        let limits = TenantLimits {
+            rpm: Some(100_000),
+            tpm: Some(100_000_000),
+            ..Default::default()
+        };
+        seed_tenant(&stack, tenant, key, limits).await;
     }
     // The reference config's rateLimit (requests/s, burst), and a
     // best-effort tenant (priority 1: admitted below 60% KV occupancy).
@@ -214,6 +220,8 @@ async fn tenant_and_global_rates_are_429_and_a_full_engine_is_503() {
         .execute(&stack.pool)
         .await
         .unwrap();
+    // Real time: long prompts queue for prefill and hold their KV while
+    // they decode, so occupancy climbs while the test watches.
     let (gateway, url) = start_gateway_with(
         &stack,
         1,
@@ -248,14 +256,14 @@ async fn tenant_and_global_rates_are_429_and_a_full_engine_is_503() {
     //    replica's KV until the engine says no: 503, not 429.
     let mut held = Vec::new();
     let mut refused = None;
-    for i in 0..12 {
-        let prompt = format!("flood {i}:{}", " hello".repeat(60_000));
+    for i in 0..40 {
+        let prompt = format!("flood {i}:{}", " hello".repeat(100_000));
         let res = send(
             "sk-test-flood",
             json!({
                 "model": "llama-3.1-8b",
                 "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": 4000,
+                "max_tokens": 30_000,
                 "stream": true,
             }),
         )
@@ -269,7 +277,7 @@ async fn tenant_and_global_rates_are_429_and_a_full_engine_is_503() {
             }
             s => panic!("unexpected {s}: {}", res.text().await.unwrap()),
         }
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let refused = refused.expect("the flood was never refused");
     assert!(held.len() >= 2, "several long requests fit first");

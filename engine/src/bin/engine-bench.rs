@@ -91,6 +91,8 @@ fn main() -> anyhow::Result<()> {
         .find(|p| p.name == "llama-3.1-70b")
         .context("the 70B reference profile")?;
     let mut replica = Replica::new(&profile, "bench-r0")?;
+    // A deep queue on purpose: the point is the simulator with 10,000 requests in flight.
+    replica.set_queue_admission(false);
     let mut rng = StdRng::seed_from_u64(42);
     let mut done = 0u64;
     let mut rejected = 0usize;

@@ -157,8 +157,12 @@ impl HttpUpstream {
             usage: None,
             reported: None,
             model: c.model.clone(),
-            model_version: c.version().to_owned(),
-            replica_id: c.replica().to_owned(),
+            names: Names {
+                version: c.model_version.clone(),
+                replica: c.replica_id.clone(),
+                default_version: c.version().to_owned(),
+                default_replica: c.replica().to_owned(),
+            },
         })
     }
 }
@@ -208,8 +212,17 @@ pub struct HttpGeneration {
     usage: Option<Usage>,
     reported: Option<Reported>,
     model: String,
-    model_version: String,
-    replica_id: String,
+    names: Names,
+}
+
+/// What usage events call the model version and the replica: the
+/// configured names, else what the upstream reports, else defaults.
+#[derive(Debug)]
+struct Names {
+    version: Option<String>,
+    replica: Option<String>,
+    default_version: String,
+    default_replica: String,
 }
 
 impl HttpGeneration {
@@ -302,14 +315,18 @@ impl HttpGeneration {
         };
         let reported = self.reported.take();
         let usage = self.usage.take();
+        let n = &self.names;
         Completion {
-            model_version: reported
-                .as_ref()
-                .and_then(|r| r.model_version.clone())
-                .unwrap_or_else(|| self.model_version.clone()),
-            replica_id: reported
-                .and_then(|r| r.replica_id)
-                .unwrap_or_else(|| self.replica_id.clone()),
+            model_version: n
+                .version
+                .clone()
+                .or_else(|| reported.as_ref().and_then(|r| r.model_version.clone()))
+                .unwrap_or_else(|| n.default_version.clone()),
+            replica_id: n
+                .replica
+                .clone()
+                .or_else(|| reported.and_then(|r| r.replica_id))
+                .unwrap_or_else(|| n.default_replica.clone()),
             text: std::mem::take(&mut self.text),
             prompt_tokens: usage
                 .as_ref()
