@@ -92,13 +92,26 @@ async fn send_requests(
                 "max_tokens": 64 + n as u32,
                 "seed": n,
             });
-            let res = client
-                .post(format!("{gateway_url}/v1/chat/completions"))
-                .bearer_auth(key)
-                .json(&body)
-                .send()
-                .await
-                .expect("gateway reachable");
+            // The reference tenants have request buckets (research-squad:
+            // 10/s, burst 5): back off as told, like a well-behaved client.
+            let res = loop {
+                let res = client
+                    .post(format!("{gateway_url}/v1/chat/completions"))
+                    .bearer_auth(key)
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("gateway reachable");
+                if res.status() != 429 {
+                    break res;
+                }
+                let wait: u64 = res.headers()["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                tokio::time::sleep(Duration::from_secs(wait)).await;
+            };
             assert_eq!(res.status(), 200);
             let id = res.headers()["x-request-id"].to_str().unwrap().to_owned();
             assert!(id.starts_with("req_"), "X-Request-Id {id}");
