@@ -12,53 +12,45 @@ pub fn to_gpu_seconds(micros: u64) -> Decimal {
     Decimal::from_i128_with_scale(i128::from(micros), 6)
 }
 
-/// Splits a step's GPU time among its requests. Kept as a type (with no
-/// state today) so the step loop holds one and the method can change
-/// without touching its callers.
-#[derive(Debug, Default)]
-pub struct Splitter;
-
-impl Splitter {
-    /// Splits `total` among `weights` (each > 0) in proportion, writing each
-    /// share into `shares` (same length), by cumulative rounding: request
-    /// `i` gets `⌊C_i·total/S⌋ − ⌊C_{i−1}·total/S⌋`, where `C_i` is the sum
-    /// of the first `i` weights and `S` of all. The shares telescope to
-    /// `total` exactly, and each is its exact share rounded down or up —
-    /// the same guarantee as the largest-remainder method, in one pass with
-    /// no sorting.
-    pub fn split(&mut self, total: u64, weights: &[u64], shares: &mut [u64]) {
-        debug_assert_eq!(weights.len(), shares.len());
-        if weights.is_empty() {
-            return;
-        }
-        let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
-        if sum == 0 {
-            shares.fill(0);
-            shares[0] = total;
-            return;
-        }
-        // The common case: every product fits a u64, so no u128 division.
-        if let Some(top) = u64::try_from(sum)
-            .ok()
-            .filter(|s| s.checked_mul(total).is_some())
-        {
-            let (mut cum, mut before) = (0u64, 0u64);
-            for (&w, share) in weights.iter().zip(shares.iter_mut()) {
-                cum += w;
-                let upto = cum * total / top;
-                *share = upto - before;
-                before = upto;
-            }
-            return;
-        }
-        let (mut cum, mut before) = (0u128, 0u128);
+/// Splits `total` among `weights` (each > 0) in proportion, writing each
+/// share into `shares` (same length), by cumulative rounding: request
+/// `i` gets `⌊C_i·total/S⌋ − ⌊C_{i−1}·total/S⌋`, where `C_i` is the sum
+/// of the first `i` weights and `S` of all. The shares telescope to
+/// `total` exactly, and each is its exact share rounded down or up —
+/// the same guarantee as the largest-remainder method, in one pass with
+/// no sorting.
+pub fn split(total: u64, weights: &[u64], shares: &mut [u64]) {
+    debug_assert_eq!(weights.len(), shares.len());
+    if weights.is_empty() {
+        return;
+    }
+    let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
+    if sum == 0 {
+        shares.fill(0);
+        shares[0] = total;
+        return;
+    }
+    // The common case: every product fits a u64, so no u128 division.
+    if let Some(top) = u64::try_from(sum)
+        .ok()
+        .filter(|s| s.checked_mul(total).is_some())
+    {
+        let (mut cum, mut before) = (0u64, 0u64);
         for (&w, share) in weights.iter().zip(shares.iter_mut()) {
-            cum += u128::from(w);
-            let upto = cum * u128::from(total) / sum;
-            // upto − before ≤ total, so it fits.
-            *share = (upto - before) as u64;
+            cum += w;
+            let upto = cum * total / top;
+            *share = upto - before;
             before = upto;
         }
+        return;
+    }
+    let (mut cum, mut before) = (0u128, 0u128);
+    for (&w, share) in weights.iter().zip(shares.iter_mut()) {
+        cum += u128::from(w);
+        let upto = cum * u128::from(total) / sum;
+        // upto − before ≤ total, so it fits.
+        *share = (upto - before) as u64;
+        before = upto;
     }
 }
 
@@ -70,17 +62,16 @@ mod tests {
 
     #[test]
     fn leftovers_go_where_the_running_total_crosses_a_unit() {
-        let mut s = Splitter;
         let mut shares = [0; 3];
-        s.split(10, &[1, 1, 1], &mut shares);
+        split(10, &[1, 1, 1], &mut shares);
         assert_eq!(shares, [3, 3, 4]);
-        s.split(100, &[1, 2, 7], &mut shares);
+        split(100, &[1, 2, 7], &mut shares);
         assert_eq!(shares, [10, 20, 70]);
-        s.split(5, &[1, 3, 1], &mut shares);
+        split(5, &[1, 3, 1], &mut shares);
         assert_eq!(shares, [1, 3, 1]);
         // Huge weights take the u128 path and agree.
         let w = 1u64 << 50;
-        s.split(10, &[w, w, w], &mut shares);
+        split(10, &[w, w, w], &mut shares);
         assert_eq!(shares, [3, 3, 4]);
     }
 
@@ -112,9 +103,8 @@ mod tests {
                 1..300,
             ),
         ) {
-            let mut s = Splitter;
-            let mut shares = vec![0; weights.len()];
-            s.split(total, &weights, &mut shares);
+                let mut shares = vec![0; weights.len()];
+            split(total, &weights, &mut shares);
             prop_assert_eq!(shares, reference_split(total, &weights));
         }
     }
@@ -125,9 +115,8 @@ mod tests {
             total in 0u64..50_000_000,
             weights in prop::collection::vec(1u64..10_000_000_000, 1..300),
         ) {
-            let mut s = Splitter;
-            let mut shares = vec![0; weights.len()];
-            s.split(total, &weights, &mut shares);
+                let mut shares = vec![0; weights.len()];
+            split(total, &weights, &mut shares);
             prop_assert_eq!(shares.iter().sum::<u64>(), total);
             let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
             for (w, share) in weights.iter().zip(&shares) {

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::attribution::Splitter;
+use crate::attribution;
 use crate::error::EngineError;
 use crate::kv::KvPool;
 use crate::metrics::Histogram;
@@ -107,7 +107,6 @@ pub struct Replica {
     tenant_ids: HashMap<Arc<str>, u32>,
     stats: ReplicaStats,
     events: Vec<Event>,
-    splitter: Splitter,
     weights: Vec<u64>,
     shares: Vec<u64>,
     /// Whether admission counts the waiting queue's demand (see `submit`).
@@ -139,7 +138,6 @@ impl Replica {
             tenant_ids: HashMap::new(),
             stats: ReplicaStats::default(),
             events: Vec::new(),
-            splitter: Splitter::default(),
             weights: Vec::new(),
             shares: Vec::new(),
             queue_admission: true,
@@ -328,8 +326,7 @@ impl Replica {
         self.stats.busy_micros += duration;
         self.stats.steps += 1;
         self.shares.resize(self.weights.len(), 0);
-        self.splitter
-            .split(duration * self.gpus, &self.weights, &mut self.shares);
+        attribution::split(duration * self.gpus, &self.weights, &mut self.shares);
 
         let mut running = std::mem::take(&mut self.sched.running);
         let mut k = 0;

@@ -47,6 +47,10 @@ pub fn describe() {
         "HTTP upstream replicas: micro-GPU-seconds handed to finished requests (equals busy when idle)"
     );
     metrics::describe_gauge!(
+        "gateway_upstream_kv_usage_ratio",
+        "HTTP upstream replicas: KV-cache usage last read from their /metrics (0-1)"
+    );
+    metrics::describe_gauge!(
         "gateway_upstream_in_flight",
         "HTTP upstream replicas: requests in flight"
     );
@@ -61,8 +65,12 @@ pub fn upstreams(upstreams: &engine::upstream::Upstreams) {
             .absolute(u.ledger.busy_gpu_micros());
         counter!("gateway_upstream_attributed_gpu_microseconds_total", "model" => model.clone(), "replica" => replica.clone())
             .absolute(u.ledger.attributed_gpu_micros());
-        gauge!("gateway_upstream_in_flight", "model" => model, "replica" => replica)
+        gauge!("gateway_upstream_in_flight", "model" => model.clone(), "replica" => replica.clone())
             .set(u.ledger.in_flight() as f64);
+        if let Some(bp) = u.occupancy.basis_points() {
+            gauge!("gateway_upstream_kv_usage_ratio", "model" => model, "replica" => replica)
+                .set(bp as f64 / 10_000.0);
+        }
     }
 }
 

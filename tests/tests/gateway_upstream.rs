@@ -78,6 +78,7 @@ async fn http_upstream_usage_and_gpu_time_add_up() {
     model_version: served-8b
     replica_id: http-8b
     gpu_time: derived
+    kv_poll_ms: 200
   - model: {REPORTED}
     url: {engine_url}/
     gpus: 4
@@ -212,6 +213,9 @@ async fn http_upstream_usage_and_gpu_time_add_up() {
     let billed: Decimal = derived.values().map(|e| e.2).sum();
     assert_eq!(billed * Decimal::from(1_000_000), busy, "{metrics}");
     assert_eq!(attributed, busy);
+    // The upstream's KV usage is read from its /metrics (for admission by class).
+    let kv = sample(&metrics, "gateway_upstream_kv_usage_ratio", "http-8b").unwrap();
+    assert!((Decimal::ZERO..=Decimal::ONE).contains(&kv), "{kv}");
 
     // Reported: the engine's own attribution passes through unchanged, so
     // the requests on that replica (none cancelled) add up to its busy GPU time.

@@ -31,6 +31,7 @@ use crate::error::EngineError;
 use crate::simulator::{Completion, CompletionRequest, Piece};
 use crate::tokenizer;
 use crate::upstream::ledger::{Ledger, Share};
+use crate::upstream::occupancy::{self, Occupancy};
 use crate::upstream::{GpuTime, RemoteModel};
 
 type Events = Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send>>;
@@ -43,6 +44,7 @@ pub struct HttpUpstream {
     api_key: Option<String>,
     client: reqwest::Client,
     pub ledger: Arc<Ledger>,
+    pub occupancy: Arc<Occupancy>,
 }
 
 impl HttpUpstream {
@@ -62,9 +64,24 @@ impl HttpUpstream {
             .pool_max_idle_per_host(64)
             .build()
             .map_err(|e| bad(format!("HTTP client: {e}")))?;
+        let base = config.url.trim_end_matches('/');
+        let occupancy = Arc::new(Occupancy::default());
+        if config.kv_poll_ms > 0 && tokio::runtime::Handle::try_current().is_ok() {
+            occupancy::spawn_poller(
+                client.clone(),
+                format!("{base}/metrics"),
+                config
+                    .upstream_model
+                    .clone()
+                    .unwrap_or_else(|| config.model.clone()),
+                Duration::from_millis(config.kv_poll_ms),
+                occupancy.clone(),
+            );
+        }
         Ok(Self {
-            url: format!("{}/v1/chat/completions", config.url.trim_end_matches('/')),
+            url: format!("{base}/v1/chat/completions"),
             ledger: Arc::new(Ledger::new(config.gpus)),
+            occupancy,
             api_key,
             client,
             config,
@@ -78,6 +95,19 @@ impl HttpUpstream {
         stream: bool,
     ) -> Result<HttpGeneration, EngineError> {
         let c = &self.config;
+        let threshold = req.class.threshold_percent();
+        if !self.occupancy.admits(threshold) {
+            let bp = self.occupancy.basis_points().unwrap_or(0);
+            return Err(EngineError::UpstreamBusy {
+                model: c.model.clone(),
+                detail: format!(
+                    "KV cache {}.{:02}% full; {} requests are sent below {threshold}%",
+                    bp / 100,
+                    bp % 100,
+                    req.class.as_str()
+                ),
+            });
+        }
         // The client's own request, so every field the upstream understands
         // (roles, temperature, tools, …) reaches it; the gateway decides
         // the model name, the output cap and the streaming mode.

@@ -14,13 +14,16 @@
 //!     gpu_time: auto                # auto: the upstream's own figure if it reports one; derived: always the ledger's
 //!     api_key_env: VLLM_API_KEY     # optional: the env var holding the upstream's bearer key
 //!     idle_timeout_secs: 60         # optional: longest silence inside a response
+//!     kv_poll_ms: 1000              # optional: how often its /metrics KV usage is read (0: never)
 //! ```
 //!
 //! - [`ledger`]: GPU time from wall time × in-flight token share, exactly
 //! - [`http`]: the HTTP client side of one upstream replica
+//! - [`occupancy`]: the upstream's KV usage, polled, for admission by class
 
 pub mod http;
 pub mod ledger;
+pub mod occupancy;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -63,6 +66,12 @@ pub struct RemoteModel {
     pub api_key_env: Option<String>,
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout_secs: u64,
+    #[serde(default = "default_kv_poll")]
+    pub kv_poll_ms: u64,
+}
+
+fn default_kv_poll() -> u64 {
+    1000
 }
 
 fn default_idle_timeout() -> u64 {
@@ -94,6 +103,12 @@ impl RemoteModel {
         }
         if self.max_context == 0 {
             return Err("max_context must be above 0".into());
+        }
+        if self.kv_poll_ms != 0 && !(100..=60_000).contains(&self.kv_poll_ms) {
+            return Err(format!(
+                "kv_poll_ms must be 0 (off) or 100 to 60000, got {}",
+                self.kv_poll_ms
+            ));
         }
         if !(1..=3600).contains(&self.idle_timeout_secs) {
             return Err(format!(

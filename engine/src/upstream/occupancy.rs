@@ -1,0 +1,167 @@
+//! Admission by class for an HTTP upstream: the gateway polls the
+//! upstream's Prometheus `/metrics` for its KV-cache usage (vLLM's
+//! `vllm:kv_cache_usage_perc`, or `vllm:gpu_cache_usage_perc` on older
+//! versions; Meterline's engine exports the former) and refuses a request
+//! whose class threshold the replica is past — 503, as for the simulator —
+//! instead of letting vLLM queue it without bound.
+//!
+//! A failed poll keeps the last reading for a while, then forgets it
+//! (unknown occupancy admits: the upstream's own answer decides).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The metric names read, newest first.
+const METRICS: [&str; 2] = ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"];
+/// How long a reading stays valid without a fresh one.
+const STALE_AFTER: Duration = Duration::from_secs(10);
+/// The reading when none is known.
+const UNKNOWN: u64 = u64::MAX;
+
+/// The latest KV usage of one upstream replica, in basis points (1/100 %).
+#[derive(Debug)]
+pub struct Occupancy {
+    basis_points: AtomicU64,
+    read_at_ms: AtomicU64,
+    origin: Instant,
+}
+
+impl Default for Occupancy {
+    fn default() -> Self {
+        Self {
+            basis_points: AtomicU64::new(UNKNOWN),
+            read_at_ms: AtomicU64::new(0),
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Occupancy {
+    /// The last reading, if fresh, in basis points.
+    pub fn basis_points(&self) -> Option<u64> {
+        let bp = self.basis_points.load(Ordering::Relaxed);
+        let age = (self.origin.elapsed().as_millis() as u64)
+            .saturating_sub(self.read_at_ms.load(Ordering::Relaxed));
+        (bp != UNKNOWN && age <= STALE_AFTER.as_millis() as u64).then_some(bp)
+    }
+
+    pub fn set(&self, basis_points: u64) {
+        self.basis_points.store(basis_points, Ordering::Relaxed);
+        self.read_at_ms
+            .store(self.origin.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Whether a request of a class with `threshold_percent` may be sent.
+    pub fn admits(&self, threshold_percent: u64) -> bool {
+        self.basis_points()
+            .is_none_or(|bp| bp < threshold_percent * 100)
+    }
+}
+
+/// The KV usage of `model` in a Prometheus text exposition, in basis
+/// points: the sample of the first known metric whose `model_name` label is
+/// `model` (or that has no `model_name` label). Values are fractions (0–1).
+pub fn parse(exposition: &str, model: &str) -> Option<u64> {
+    let wanted = format!("model_name=\"{model}\"");
+    METRICS.iter().find_map(|metric| {
+        exposition.lines().find_map(|line| {
+            let rest = line.strip_prefix(metric)?;
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(r) => {
+                    let (labels, value) = r.split_once('}')?;
+                    (labels, value)
+                }
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            if labels.contains("model_name=") && !labels.contains(&wanted) {
+                return None;
+            }
+            fraction_to_basis_points(value.trim())
+        })
+    })
+}
+
+/// "0.6123" → 6123, without floating point ("1", "0.5", "6.1e-1" too).
+fn fraction_to_basis_points(value: &str) -> Option<u64> {
+    let d: rust_decimal::Decimal = value
+        .parse()
+        .or_else(|_| rust_decimal::Decimal::from_scientific(value))
+        .ok()?;
+    let bp = (d * rust_decimal::Decimal::from(10_000)).round();
+    u64::try_from(bp).ok()
+}
+
+/// Polls `metrics_url` every `every` into `occupancy`, for the life of the process.
+pub fn spawn_poller(
+    client: reqwest::Client,
+    metrics_url: String,
+    model: String,
+    every: Duration,
+    occupancy: Arc<Occupancy>,
+) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let read = async {
+                let text = client
+                    .get(&metrics_url)
+                    .timeout(every.max(Duration::from_millis(500)))
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .text()
+                    .await?;
+                Ok::<_, reqwest::Error>(parse(&text, &model))
+            };
+            match read.await {
+                Ok(Some(bp)) => occupancy.set(bp),
+                Ok(None) => tracing::debug!(url = %metrics_url, "no KV usage metric for {model}"),
+                Err(e) => tracing::debug!(url = %metrics_url, error = %e, "KV usage poll failed"),
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use super::*;
+
+    #[test]
+    fn reads_vllm_expositions() {
+        let vllm = "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
+                    # TYPE vllm:kv_cache_usage_perc gauge\n\
+                    vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"meta-llama/Llama-3.1-70B\"} 0.6123\n";
+        assert_eq!(parse(vllm, "meta-llama/Llama-3.1-70B"), Some(6123));
+        assert_eq!(parse(vllm, "other"), None);
+        let old = "vllm:gpu_cache_usage_perc{model_name=\"m\"} 1.0\n";
+        assert_eq!(parse(old, "m"), Some(10_000));
+        let bare = "vllm:kv_cache_usage_perc 5e-1\n";
+        assert_eq!(parse(bare, "anything"), Some(5_000));
+        // A longer metric name with the same prefix is not the metric.
+        assert_eq!(
+            parse("vllm:kv_cache_usage_perc_max{model_name=\"m\"} 0.9\n", "m"),
+            None
+        );
+    }
+
+    #[test]
+    fn thresholds_and_staleness() {
+        let o = Occupancy::default();
+        assert!(o.admits(60), "unknown admits");
+        o.set(6_000);
+        assert!(!o.admits(60));
+        assert!(o.admits(85));
+        o.read_at_ms.store(0, Ordering::Relaxed);
+        let o2 = Occupancy {
+            origin: Instant::now() - STALE_AFTER - Duration::from_secs(1),
+            ..Occupancy::default()
+        };
+        o2.basis_points.store(9_900, Ordering::Relaxed);
+        assert!(o2.admits(60), "a stale reading is forgotten");
+    }
+}
