@@ -272,7 +272,6 @@ impl ModelProfile {
         self.kv_budget_bytes / (self.kv_bytes_per_token.max(1) * u64::from(BLOCK_TOKENS))
     }
 
-    /// The integer cost constants of the roofline.
     /// GPU-seconds of a request its replica could not account for (it
     /// failed mid-way), from the roofline: its own compute and KV reads for
     /// the prefill and each decoded token, times the GPUs (its share of the
@@ -287,6 +286,7 @@ impl ModelProfile {
         crate::attribution::to_gpu_seconds(u64::try_from(micros).unwrap_or(u64::MAX))
     }
 
+    /// The integer cost constants of the roofline.
     pub fn costs(&self) -> StepCosts {
         let bw = u128::from(self.hbm_bytes_per_second.max(1))
             * u128::from(self.bandwidth_efficiency_percent.max(1));
