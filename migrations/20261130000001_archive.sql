@@ -15,14 +15,17 @@ CREATE TABLE archive_offsets (
     PRIMARY KEY (consumer_group, topic, kafka_partition)
 );
 
--- Every committed piece of the archive. Per (group, topic, partition) the
--- rows' offset ranges [first_offset, last_offset] follow each other with no
--- gap and no overlap, from where the archiver started up to next_offset - 1.
--- A range holding at least one valid event has a Parquet file (`path`,
--- relative to the archive's root, `date=YYYY-MM-DD/hour=HH/…`); a range of
--- only undecodable or invalid messages has none (path, day, hour NULL).
--- A file is part of the archive only once its row is here: files in the
--- store without a row are orphans of an interrupted batch.
+-- Every committed file of the archive. A batch covers, per partition, one
+-- offset range [first_offset, last_offset]; its valid events are written one
+-- file per UTC hour they started in, all named by that range
+-- (`date=YYYY-MM-DD/hour=HH/<topic>-p<partition>-o<first>-<last>.parquet`,
+-- relative to the archive's root). Per (group, topic, partition) the
+-- distinct ranges follow each other with no gap and no overlap, up to
+-- next_offset - 1 in archive_offsets. A range of only undecodable or
+-- invalid messages gets one row without a file (path, day, hour NULL);
+-- `skipped` is counted on one row of its range. A file is part of the
+-- archive only once its row is here: files in the store without a row are
+-- orphans of an interrupted batch.
 CREATE TABLE archive_manifest (
     manifest_id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     consumer_group  text NOT NULL,
@@ -43,9 +46,9 @@ CREATE TABLE archive_manifest (
     CHECK (last_offset >= first_offset),
     CHECK ((path IS NULL) = (rows = 0)),
     CHECK ((path IS NULL) = (day IS NULL) AND (path IS NULL) = (hour IS NULL)
-           AND (path IS NULL) = (sha256 IS NULL)),
-    UNIQUE (consumer_group, topic, kafka_partition, first_offset)
+           AND (path IS NULL) = (sha256 IS NULL))
 );
+CREATE INDEX archive_manifest_range ON archive_manifest (consumer_group, topic, kafka_partition, first_offset);
 CREATE INDEX archive_manifest_day ON archive_manifest (day, hour) WHERE path IS NOT NULL;
 
 -- Retention's two-phase barrier. When a request_log day first becomes due

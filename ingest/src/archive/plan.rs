@@ -1,17 +1,18 @@
 //! How a batch of raw messages becomes archive pieces. Pure: no I/O, so the
 //! rules are unit-tested.
 //!
-//! Per partition, messages are taken in offset order and cut into *runs*:
-//! a new run starts whenever a valid event's UTC hour (of `started_at`)
-//! differs from the run's. A run covers a contiguous offset range, from the
-//! offset after the previous run (the stored archive offset, for the first
-//! one) to just before the next run, so the ranges of a partition follow
-//! each other with no gap and no overlap. Messages that do not decode or
-//! break the contract's rules are counted in the run they fall in (as
-//! `skipped`) and not written: ingest already keeps them in its dead
-//! letters. A run with at least one valid event becomes one Parquet file,
-//! `date=YYYY-MM-DD/hour=HH/<topic>-p<partition>-o<first>-<last>.parquet`;
-//! a run of only skipped messages becomes a manifest row without a file.
+//! Per partition, a batch covers one contiguous offset range: from the
+//! stored archive offset (or the first message, for a partition never
+//! archived) to its last message. Its valid events are grouped by the UTC
+//! hour they started in, one Parquet file per hour, each named by that
+//! range: `date=YYYY-MM-DD/hour=HH/<topic>-p<partition>-o<first>-<last>.parquet`.
+//! So a partition's ranges follow each other with no gap and no overlap,
+//! a batch that straddles an hour writes one file per hour under the same
+//! range, and the same name always means the same rows (that range's
+//! events of that hour). Messages that do not decode or break the
+//! contract's rules are counted (`skipped`, on the range's first piece)
+//! and not written: ingest already keeps them in its dead letters. A range
+//! of only such messages becomes a manifest row without a file.
 //!
 //! Validity is the contract's, minus its one clock-relative rule ("more
 //! than a day in the future"): the archive must not depend on when it was
@@ -26,17 +27,21 @@ use usage_contract::decode;
 use crate::archive::writer::ArchivedEvent;
 use crate::batch::RawMessage;
 
-/// One contiguous offset range of one partition, and what it holds.
+/// One file of a batch (or, for a range without valid events, no file):
+/// the events of one partition's range that started in one UTC hour.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Piece {
     pub partition: i32,
+    /// The range of the batch in this partition (shared by its pieces).
     pub first_offset: i64,
     /// Inclusive.
     pub last_offset: i64,
     /// The UTC hour every row started in; `None` for a range without rows.
     pub hour: Option<DateTime<Utc>>,
+    /// In offset order.
     pub rows: Vec<ArchivedEvent>,
-    /// Messages in the range that were not archived (undecodable or invalid).
+    /// Messages of the range that were not archived (undecodable or
+    /// invalid); counted on the range's first piece only.
     pub skipped: u64,
 }
 
@@ -104,50 +109,43 @@ pub fn plan(messages: &[RawMessage], starts: &BTreeMap<i32, Option<i64>>) -> Pla
         let (Some(first), Some(last)) = (msgs.first(), msgs.last()) else {
             continue;
         };
-        let mut current = Piece {
-            partition,
-            first_offset: start.unwrap_or(first.offset),
-            last_offset: 0,
-            hour: None,
-            rows: Vec::new(),
-            skipped: 0,
-        };
+        let (first_offset, last_offset) = (start.unwrap_or(first.offset), last.offset);
+        let mut hours: BTreeMap<DateTime<Utc>, Vec<ArchivedEvent>> = BTreeMap::new();
+        let mut skipped = 0;
         for m in &msgs {
             match decode(&m.payload, clock) {
                 Ok(event) => {
-                    let hour = hour_of(event.started_at);
-                    match current.hour {
-                        None => current.hour = Some(hour),
-                        Some(h) if h == hour => {}
-                        Some(_) => {
-                            let next = Piece {
-                                partition,
-                                first_offset: m.offset,
-                                last_offset: 0,
-                                hour: Some(hour),
-                                rows: Vec::new(),
-                                skipped: 0,
-                            };
-                            let mut done = std::mem::replace(&mut current, next);
-                            done.last_offset = m.offset - 1;
-                            out.pieces.push(done);
-                        }
-                    }
-                    current.rows.push(ArchivedEvent {
-                        partition,
-                        offset: m.offset,
-                        event,
-                    });
+                    hours
+                        .entry(hour_of(event.started_at))
+                        .or_default()
+                        .push(ArchivedEvent {
+                            partition,
+                            offset: m.offset,
+                            event,
+                        })
                 }
                 Err(violation) => {
-                    current.skipped += 1;
+                    skipped += 1;
                     *out.skipped.entry(violation.code()).or_default() += 1;
                 }
             }
         }
-        current.last_offset = last.offset;
-        out.pieces.push(current);
-        out.next_offsets.insert(partition, last.offset + 1);
+        let piece = |hour, rows, skipped| Piece {
+            partition,
+            first_offset,
+            last_offset,
+            hour,
+            rows,
+            skipped,
+        };
+        if hours.is_empty() {
+            out.pieces.push(piece(None, Vec::new(), skipped));
+        }
+        for (i, (hour, rows)) in hours.into_iter().enumerate() {
+            out.pieces
+                .push(piece(Some(hour), rows, if i == 0 { skipped } else { 0 }));
+        }
+        out.next_offsets.insert(partition, last_offset + 1);
     }
     out
 }
@@ -215,7 +213,7 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_is_cut_where_the_hour_changes_in_offset_order() {
+    fn a_batch_is_split_into_one_file_per_hour_under_one_range() {
         let msgs = vec![
             msg(0, 10, Some(at(9, 59))),
             msg(0, 11, Some(at(9, 10))),
@@ -226,16 +224,36 @@ mod tests {
         let plan = plan(&msgs, &BTreeMap::from([(0, Some(10))]));
         assert_eq!(
             ranges(&plan),
-            vec![
-                (0, 10, 11, Some(9), 2, 0),
-                (0, 12, 13, Some(10), 2, 0),
-                (0, 14, 14, Some(9), 1, 0),
-            ]
+            vec![(0, 10, 14, Some(9), 3, 0), (0, 10, 14, Some(10), 2, 0)]
         );
+        let offsets: Vec<i64> = plan.pieces[0].rows.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, vec![10, 11, 14]);
         assert_eq!(plan.next_offsets, BTreeMap::from([(0, 15)]));
         assert_eq!(
             plan.pieces[0].path("usage.events.v1").as_deref(),
-            Some("date=2026-11-29/hour=09/usage.events.v1-p0-o10-11.parquet")
+            Some("date=2026-11-29/hour=09/usage.events.v1-p0-o10-14.parquet")
+        );
+        assert_eq!(
+            plan.pieces[1].path("usage.events.v1").as_deref(),
+            Some("date=2026-11-29/hour=10/usage.events.v1-p0-o10-14.parquet")
+        );
+    }
+
+    #[test]
+    fn hours_on_both_sides_of_midnight_go_to_their_own_dates() {
+        let before = Utc.with_ymd_and_hms(2026, 11, 29, 23, 59, 59).unwrap();
+        let after = Utc.with_ymd_and_hms(2026, 11, 30, 0, 0, 0).unwrap();
+        let plan = plan(
+            &[msg(3, 0, Some(after)), msg(3, 1, Some(before))],
+            &BTreeMap::new(),
+        );
+        let paths: Vec<String> = plan.pieces.iter().filter_map(|p| p.path("t")).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "date=2026-11-29/hour=23/t-p3-o0-1.parquet",
+                "date=2026-11-30/hour=00/t-p3-o0-1.parquet"
+            ]
         );
     }
 
@@ -257,7 +275,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_messages_are_skipped_inside_the_range_they_fall_in() {
+    fn bad_messages_are_skipped_and_counted_once_per_range() {
         let msgs = vec![
             msg(0, 0, None),
             msg(0, 1, Some(at(3, 0))),
@@ -267,7 +285,7 @@ mod tests {
         let plan = plan(&msgs, &BTreeMap::new());
         assert_eq!(
             ranges(&plan),
-            vec![(0, 0, 2, Some(3), 1, 2), (0, 3, 3, Some(4), 1, 0)]
+            vec![(0, 0, 3, Some(3), 1, 2), (0, 0, 3, Some(4), 1, 0)]
         );
         assert_eq!(plan.skipped.get("undecodable"), Some(&2));
     }
@@ -306,13 +324,10 @@ mod tests {
     }
 
     #[test]
-    fn gaps_in_offsets_are_covered_by_the_ranges() {
+    fn gaps_in_offsets_are_covered_by_the_range() {
         // Compacted or transactional topics skip offsets; the ranges still chain.
-        let msgs = vec![msg(0, 12, Some(at(1, 0))), msg(0, 20, Some(at(2, 0)))];
+        let msgs = vec![msg(0, 12, Some(at(1, 0))), msg(0, 20, Some(at(1, 5)))];
         let plan = plan(&msgs, &BTreeMap::from([(0, Some(10))]));
-        assert_eq!(
-            ranges(&plan),
-            vec![(0, 10, 19, Some(1), 1, 0), (0, 20, 20, Some(2), 1, 0)]
-        );
+        assert_eq!(ranges(&plan), vec![(0, 10, 20, Some(1), 2, 0)]);
     }
 }

@@ -66,18 +66,27 @@ pub async fn verify(
         next_offsets: stored.into_iter().collect(),
         ..Report::default()
     };
-    let mut end: BTreeMap<i32, i64> = BTreeMap::new();
+    // Per partition, the last range seen: files of one batch share a range.
+    let mut range: BTreeMap<i32, (i64, i64)> = BTreeMap::new();
     let mut listed = HashSet::new();
     for r in &rows {
-        if let Some(prev_last) = end.get(&r.kafka_partition) {
-            if r.first_offset != prev_last + 1 {
+        match range.get(&r.kafka_partition) {
+            Some(&(first, last)) if r.first_offset == first && r.last_offset != last => {
                 report.problems.push(format!(
-                    "partition {}: range {}..={} does not follow {prev_last}",
+                    "partition {}: ranges {first}..={last} and {}..={} overlap",
                     r.kafka_partition, r.first_offset, r.last_offset
                 ));
             }
+            Some(&(first, _)) if r.first_offset == first => {}
+            Some(&(_, last)) if r.first_offset != last + 1 => {
+                report.problems.push(format!(
+                    "partition {}: range {}..={} does not follow {last}",
+                    r.kafka_partition, r.first_offset, r.last_offset
+                ));
+            }
+            _ => {}
         }
-        end.insert(r.kafka_partition, r.last_offset);
+        range.insert(r.kafka_partition, (r.first_offset, r.last_offset));
         report.rows += r.rows;
         report.skipped += r.skipped;
         report.bytes += r.bytes;
@@ -102,7 +111,7 @@ pub async fn verify(
             Err(e) => return Err(e.into()),
         }
     }
-    for (p, last) in &end {
+    for (p, (_, last)) in &range {
         match report.next_offsets.get(p) {
             Some(next) if *next == last + 1 => {}
             other => report.problems.push(format!(
