@@ -1,5 +1,5 @@
 //! The Parquet archive of the usage topic: every valid event, as it came,
-//! one file per (partition, UTC hour) run of a batch, listed in a manifest
+//! one file per (batch, partition, UTC hour), listed in a manifest
 //! in Postgres. See [`plan`] for how a batch is cut and what is archived,
 //! [`manifest`] for when a file becomes visible.
 
