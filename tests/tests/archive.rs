@@ -572,12 +572,29 @@ async fn a_due_day_is_dropped_only_once_the_archive_passes_its_barrier() {
     .unwrap();
     assert_eq!(rows, 200);
 
-    let text = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    // Lag comes from the broker's statistics (each second): it reaches 0
+    // in every partition once the archiver has caught up.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let text = loop {
+        let text = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let lags: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("archive_lag{"))
+            .collect();
+        if lags.len() == 4 && lags.iter().all(|l| l.ends_with(" 0")) {
+            break text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "archive_lag should be 0 in 4 partitions:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     assert!(
         text.lines()
             .any(|l| l == format!("archive_rows_total {total}")),

@@ -82,10 +82,16 @@ impl Archiver {
 
     /// Runs until the feed closes or this archiver is fenced.
     pub async fn run(mut self, mut feed: mpsc::Receiver<Feed>) -> Stopped {
+        // Lag is reported on a tick too, so it shows while nothing commits.
+        let mut lag_tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             let deadline = self.first_at.map(|t| t + self.limits.linger);
             let next = tokio::select! {
                 next = feed.recv() => next,
+                _ = lag_tick.tick() => {
+                    self.report_lag();
+                    continue;
+                }
                 () = sleep_until(deadline) => {
                     if let Err(fenced) = self.flush().await {
                         return Stopped::Fenced(fenced);

@@ -45,6 +45,8 @@ async fn run() -> anyhow::Result<ExitCode> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,rdkafka=warn".into()),
         )
+        // Logs to stderr: `verify` and `gc` print their JSON report on stdout.
+        .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let config = cli.config;
