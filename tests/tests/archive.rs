@@ -365,6 +365,7 @@ async fn every_valid_message_is_archived_exactly_once_across_sigkills() {
     let mut landed: Vec<(i32, i64)> = Vec::with_capacity(n);
     let chunks: Vec<&[Produced]> = messages.chunks(n.div_ceil(8)).collect();
     let mut kills = 0;
+    let mut crashes = 0;
     for (i, chunk) in chunks.iter().enumerate() {
         let batch: Vec<(String, Vec<u8>)> = chunk
             .iter()
@@ -376,7 +377,25 @@ async fn every_valid_message_is_archived_exactly_once_across_sigkills() {
             svc.kill9().await;
             kills += 1;
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..1000))).await;
-            svc.restart();
+            // Once, the new process crashes between writing a batch's files
+            // and committing them: they are orphans, and the batch is redone.
+            let crash = if i == 3 { "1" } else { "0" };
+            svc.restart_with(&[("ARCHIVE_TEST_CRASH_AFTER_WRITE", crash)]);
+        }
+        if i == 4 {
+            // It crashes once it has joined and written a batch; then it comes back.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while svc.exited().is_none() {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no crash after write:\n{}",
+                    svc.log_tail()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            svc.kill9().await;
+            crashes += 1;
+            svc.restart_with(&[("ARCHIVE_TEST_CRASH_AFTER_WRITE", "0")]);
         }
         // Two archivers in one group for a while: the offsets CAS keeps a
         // zombie's batch out of the manifest.
@@ -451,7 +470,8 @@ async fn every_valid_message_is_archived_exactly_once_across_sigkills() {
     let left = after["orphans"].as_array().unwrap().len();
     eprintln!(
         "archived {} events from {} messages ({malformed_count} malformed) in {files} files, \
-         {} manifest rows, after {kills} SIGKILLs; orphans {orphans}, gc deleted {}, left {left}",
+         {} manifest rows, after {kills} SIGKILLs and {crashes} crash between write and commit; \
+         orphans {orphans}, gc deleted {}, left {left}",
         archived.len(),
         landed.len(),
         rows.len(),
@@ -461,6 +481,7 @@ async fn every_valid_message_is_archived_exactly_once_across_sigkills() {
         left, 0,
         "after gc no orphan below the archive offsets is left"
     );
+    assert_eq!(crashes, 1, "the crash between write and commit happened");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -635,4 +656,90 @@ async fn bad_archiver_settings_exit_non_zero_naming_the_setting() {
         );
         assert!(!stderr.contains("panicked"), "no panic: {stderr}");
     }
+}
+
+#[tokio::test]
+async fn orphans_are_never_listed_and_gc_deletes_only_those_the_offsets_passed() {
+    use ingest::archive::manifest::{self, Entry, Outcome};
+    use ingest::archive::{store, verify};
+    let (_, pool) = tests::stack::fresh_database("orphans").await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store::open(dir.path().to_str().unwrap()).unwrap();
+    let key = ingest::offsets::ConsumerKey {
+        group: "archiver".into(),
+        topic: "usage.events.v1".into(),
+    };
+    let hour = Utc::now().duration_trunc(TimeDelta::hours(1)).unwrap();
+    let folder = hour.format("date=%Y-%m-%d/hour=%H").to_string();
+    let file =
+        |first: i64, last: i64| format!("{folder}/usage.events.v1-p0-o{first}-{last}.parquet");
+    let mut rng = StdRng::seed_from_u64(3);
+    let rows = vec![ArchivedEvent {
+        partition: 0,
+        offset: 0,
+        event: event(&mut rng, hour, "acme-corp"),
+    }];
+    let bytes = writer::encode(&rows).unwrap();
+    // A crashed batch wrote o0-9; the redone one, o0-14, committed.
+    for path in [file(0, 9), file(0, 14), file(15, 20)] {
+        store::put(store.as_ref(), &path, bytes.clone().into())
+            .await
+            .unwrap();
+    }
+    let entry = Entry {
+        partition: 0,
+        first_offset: 0,
+        last_offset: 14,
+        path: Some(file(0, 14)),
+        hour: Some(hour),
+        rows: 1,
+        skipped: 0,
+        bytes: bytes.len() as i64,
+        sha256: Some(Sha256::digest(&bytes).into()),
+    };
+    let outcome = manifest::commit(
+        &pool,
+        &key,
+        &BTreeMap::from([(0, None)]),
+        &BTreeMap::from([(0, 15)]),
+        &[entry.clone()],
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome, Outcome::Committed);
+    // A zombie that still believes in offset None cannot commit anything.
+    let zombie = manifest::commit(
+        &pool,
+        &key,
+        &BTreeMap::from([(0, None)]),
+        &BTreeMap::from([(0, 10)]),
+        &[entry],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        zombie,
+        Outcome::Stale {
+            done: vec![],
+            fenced: vec![0]
+        }
+    );
+
+    let report = verify::verify(&pool, store.as_ref(), &key).await.unwrap();
+    assert!(report.ok(), "{:?}", report.problems);
+    assert_eq!(report.files, 1);
+    let orphans: Vec<&str> = report.orphans.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(orphans, vec![file(0, 9).as_str(), file(15, 20).as_str()]);
+    // o0-9 lies below the stored offset (15): no commit can ever list it.
+    // o15-20 may still be committed by the batch that wrote it: kept.
+    let deleted = verify::gc(&pool, store.as_ref(), &key).await.unwrap();
+    assert_eq!(deleted, vec![file(0, 9)]);
+    assert!(!dir.path().join(file(0, 9)).exists());
+    assert!(dir.path().join(file(0, 14)).exists());
+    assert!(dir.path().join(file(15, 20)).exists());
+
+    // A listed file that goes missing or changes is a problem.
+    std::fs::write(dir.path().join(file(0, 14)), b"not parquet").unwrap();
+    let report = verify::verify(&pool, store.as_ref(), &key).await.unwrap();
+    assert!(!report.ok());
 }

@@ -36,6 +36,9 @@ pub struct ArchiveLimits {
     pub max_batch: usize,
     pub max_bytes: usize,
     pub linger: Duration,
+    /// Fault tests only: abort after writing the files of this many batches,
+    /// before the commit (0: never).
+    pub crash_after_write: u64,
 }
 
 pub struct Archiver {
@@ -49,6 +52,8 @@ pub struct Archiver {
     pending_bytes: usize,
     first_at: Option<Instant>,
     watermarks: HighWatermarks,
+    /// Batches whose files this process has written.
+    written: u64,
 }
 
 /// A planned batch with its files encoded.
@@ -77,6 +82,7 @@ impl Archiver {
             pending_bytes: 0,
             first_at: None,
             watermarks,
+            written: 0,
         }
     }
 
@@ -217,7 +223,7 @@ impl Archiver {
     }
 
     /// Plans and encodes the pending batch, writes its files, then commits.
-    async fn write_and_commit(&self) -> Result<(Outcome, Encoded, Duration), IngestError> {
+    async fn write_and_commit(&mut self) -> Result<(Outcome, Encoded, Duration), IngestError> {
         let messages = self.pending.clone();
         let starts = self.owned.clone();
         let topic = self.key.topic.clone();
@@ -227,6 +233,11 @@ impl Archiver {
             .map_err(|e| IngestError::Parquet(format!("encoder task failed: {e}")))??;
         for (path, bytes) in &encoded.files {
             store::put(self.store.as_ref(), path, bytes.clone()).await?;
+        }
+        self.written += 1;
+        if self.written == self.limits.crash_after_write {
+            tracing::error!("ARCHIVE_TEST_CRASH_AFTER_WRITE: aborting before the commit");
+            std::process::abort();
         }
         let commit_started = Instant::now();
         let outcome = manifest::commit(

@@ -42,6 +42,15 @@ pub struct ArchiverConfig {
     /// Where `/metrics` is served.
     #[arg(long, env = "ARCHIVE_METRICS_ADDR", default_value = "127.0.0.1:9102")]
     pub metrics_addr: SocketAddr,
+    /// Fault tests only: abort the process right after writing the files
+    /// of the Nth batch it writes, before its manifest commits (0: never).
+    #[arg(
+        long,
+        env = "ARCHIVE_TEST_CRASH_AFTER_WRITE",
+        default_value_t = 0,
+        hide = true
+    )]
+    pub crash_after_write: u64,
 }
 
 impl ArchiverConfig {

@@ -55,6 +55,7 @@ pub async fn run(
         max_batch: config.max_batch,
         max_bytes: config.max_bytes,
         linger: config.linger(),
+        crash_after_write: config.crash_after_write,
     };
     tracing::info!(url = %config.url, group = %key.group, topic = %key.topic, "archiver starting");
     tokio::pin!(shutdown);
