@@ -702,7 +702,7 @@ async fn orphans_are_never_listed_and_gc_deletes_only_those_the_offsets_passed()
         &key,
         &BTreeMap::from([(0, None)]),
         &BTreeMap::from([(0, 15)]),
-        &[entry.clone()],
+        std::slice::from_ref(&entry),
     )
     .await
     .unwrap();
