@@ -224,13 +224,19 @@ impl Archiver {
 
     /// Plans and encodes the pending batch, writes its files, then commits.
     async fn write_and_commit(&mut self) -> Result<(Outcome, Encoded, Duration), IngestError> {
-        let messages = self.pending.clone();
+        let messages = std::mem::take(&mut self.pending);
         let starts = self.owned.clone();
         let topic = self.key.topic.clone();
         // Decoding and Parquet encoding are CPU work: off the async workers.
-        let encoded = tokio::task::spawn_blocking(move || encode(&messages, &starts, &topic))
-            .await
-            .map_err(|e| IngestError::Parquet(format!("encoder task failed: {e}")))??;
+        // The messages go along and come back (no copy of the batch).
+        let (encoded, messages) = tokio::task::spawn_blocking(move || {
+            let encoded = encode(&messages, &starts, &topic);
+            (encoded, messages)
+        })
+        .await
+        .map_err(|e| IngestError::Parquet(format!("encoder task failed: {e}")))?;
+        self.pending = messages;
+        let encoded = encoded?;
         for (path, bytes) in &encoded.files {
             store::put(self.store.as_ref(), path, bytes.clone()).await?;
         }

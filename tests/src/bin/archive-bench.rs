@@ -9,12 +9,13 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use chrono::{DurationRound, TimeDelta, Utc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rust_decimal::Decimal;
 use tests::process::free_port;
-use tests::{Service, TestStack};
+use tests::TestStack;
 use usage_contract::{FinishReason, RequestId, UsageEvent};
 
 const TENANTS: [&str; 5] = [
@@ -103,9 +104,19 @@ async fn main() -> anyhow::Result<()> {
     ] {
         env.insert(k.into(), v);
     }
+    // The archiver built next to this binary (target/<profile>/).
+    let bin = std::env::current_exe()?.with_file_name("archiver");
+    let log_path = stack.dir.path().join("archiver.log");
+    let log = std::fs::File::create(&log_path)?;
     let started = Instant::now();
-    let mut svc = Service::start("archiver", "archiver", &[], env, stack.dir.path());
-    let pid = svc.pid().unwrap_or(0);
+    let mut child = std::process::Command::new(&bin)
+        .envs(&env)
+        .env("RUST_LOG", "info,rdkafka=warn")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let pid = child.id();
     let mut first_commit: Option<Duration> = None;
     let mut cpu = 0.0;
     let mut rss = String::new();
@@ -124,8 +135,8 @@ async fn main() -> anyhow::Result<()> {
         }
         anyhow::ensure!(
             started.elapsed() < Duration::from_secs(600),
-            "archiver did not finish:\n{}",
-            svc.log_tail()
+            "archiver did not finish; see {}",
+            log_path.display()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -134,7 +145,10 @@ async fn main() -> anyhow::Result<()> {
         .await?
         .text()
         .await?;
-    svc.terminate(Duration::from_secs(30)).await;
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    child.wait()?;
 
     let (files, rows, bytes): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(path), coalesce(sum(rows), 0)::bigint, coalesce(sum(bytes), 0)::bigint
