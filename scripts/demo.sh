@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: bring the stack up, start ingest, gateway-lite and billing-api,
-# drive traffic from the five reference tenants, and print what each used.
+# The main job: bring the stack up, start ingest, the archiver, gateway-lite and
+# billing-api, drive traffic from the five reference tenants, and print what each used.
 # Services keep running afterwards (stop them with scripts/demo.sh stop, the
 # stack with scripts/stack.sh down).
 set -Eeuo pipefail
@@ -10,12 +10,13 @@ RUN="$ROOT/.stack/demo"
 mkdir -p "$RUN"
 
 stop_services() {
-  for name in gateway ingest billing; do
+  for name in gateway ingest archiver billing; do
     if [ -f "$RUN/$name.pid" ]; then
       pid=$(cat "$RUN/$name.pid")
       if kill -0 "$pid" 2>/dev/null; then
         kill -TERM "$pid" 2>/dev/null || true
-        # Graceful: the gateway drains its outbox, ingest commits its batch.
+        # Graceful: the gateway drains its outbox, ingest commits its batch,
+        # the archiver writes what it holds.
         for _ in $(seq 1 150); do
           [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null || echo Z)" = Z ] && break
           sleep 0.1
@@ -40,6 +41,8 @@ export BILLING_PRICE_BOOK_FILE="${BILLING_PRICE_BOOK_FILE:-$ROOT/config/price-bo
 export GATEWAY_TENANTS_FILE="${GATEWAY_TENANTS_FILE:-$ROOT/config/tenants.yaml}"
 export GATEWAY_OUTBOX="${GATEWAY_OUTBOX:-$RUN/gateway-outbox.redb}"
 export ENGINE_SPEEDUP="${ENGINE_SPEEDUP:-20}"
+export ARCHIVE_URL="${ARCHIVE_URL:-$ROOT/.stack/archive}"
+export ARCHIVE_LINGER_MS="${ARCHIVE_LINGER_MS:-2000}"
 start() { # start <name> <binary>
   nohup "target/debug/$2" >>"$RUN/$1.log" 2>&1 </dev/null &
   echo $! >"$RUN/$1.pid"
@@ -55,8 +58,13 @@ wait_http() { # wait_http <name> <url>
 start gateway gateway-lite
 wait_http gateway http://127.0.0.1:8080/healthz
 start ingest ingest
+start archiver archiver
 start billing billing-api
 wait_http billing http://127.0.0.1:8082/healthz
-echo "demo: gateway :8080, billing-api :8082, ingest metrics :9101 (logs in .stack/demo/)"
+echo "demo: gateway :8080, billing-api :8082, ingest metrics :9101, archiver metrics :9102 (logs in .stack/demo/)"
 target/debug/demo
+# The archiver writes a batch once its first message has waited ARCHIVE_LINGER_MS.
+sleep $(( ARCHIVE_LINGER_MS / 1000 + 2 ))
+echo "demo: archive in $ARCHIVE_URL: $(psql "$DATABASE_URL" -X -A -t -c \
+  "SELECT count(path) || ' Parquet files, ' || coalesce(sum(rows), 0) || ' events' FROM archive_manifest" 2>/dev/null || echo 'manifest not readable')"
 echo "demo: services are still running; stop them with: scripts/demo.sh stop"

@@ -39,11 +39,22 @@ pub enum Feed {
 /// Broker high watermarks per partition, from librdkafka's statistics.
 pub type HighWatermarks = Arc<Mutex<HashMap<i32, i64>>>;
 
+/// Which table in Postgres holds a group's offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ledger {
+    /// Ingest's `consumer_offsets`.
+    Ingest,
+    /// The archiver's `archive_offsets`.
+    Archive,
+}
+
 /// Settings the consumer thread needs.
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
     pub brokers: String,
     pub key: ConsumerKey,
+    /// Where the start offsets are read from on assignment.
+    pub ledger: Ledger,
     /// How long a revoke waits for the batcher before letting go anyway
     /// (the offsets CAS keeps a late commit harmless).
     pub revoke_timeout: Duration,
@@ -54,6 +65,7 @@ pub struct ConsumerSettings {
 struct Context {
     pool: PgPool,
     key: ConsumerKey,
+    ledger: Ledger,
     runtime: tokio::runtime::Handle,
     feed: mpsc::Sender<Feed>,
     stop: Arc<AtomicBool>,
@@ -126,9 +138,15 @@ impl Context {
     fn load_offsets(&self, partitions: &[i32]) -> BTreeMap<i32, Option<i64>> {
         let mut backoff = Duration::from_millis(100);
         loop {
-            let result = self
-                .runtime
-                .block_on(offsets::load(&self.pool, &self.key, partitions));
+            let result = self.runtime.block_on(async {
+                match self.ledger {
+                    Ledger::Ingest => offsets::load(&self.pool, &self.key, partitions).await,
+                    Ledger::Archive => {
+                        crate::archive::manifest::load_offsets(&self.pool, &self.key, partitions)
+                            .await
+                    }
+                }
+            });
             match result {
                 Ok(stored) => return stored,
                 Err(e) => {
@@ -186,6 +204,7 @@ impl ConsumerThread {
         let context = Context {
             pool,
             key: settings.key.clone(),
+            ledger: settings.ledger,
             runtime: tokio::runtime::Handle::current(),
             feed: feed.clone(),
             stop: stop.clone(),

@@ -13,4 +13,8 @@ pub enum IngestError {
     Schema(#[from] schema::SchemaError),
     #[error("metrics: {0}")]
     Metrics(String),
+    #[error("archive store: {0}")]
+    ObjectStore(#[from] object_store::Error),
+    #[error("parquet: {0}")]
+    Parquet(String),
 }

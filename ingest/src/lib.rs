@@ -15,12 +15,18 @@
 //! - [`dead_letters`]: list and re-drive
 //! - [`telemetry`]: Prometheus metrics
 //! - [`service`], [`config`], [`error`]: the process around it
+//! - [`archive`]: the Parquet archiver (its own binary, `archiver`): its own
+//!   consumer group, files per partition and UTC hour, a manifest and
+//!   archive offsets committed in one transaction after the files are written
 //!
 //! Invariants: a batch's rows, hourly deltas, dead letters and offsets commit
 //! in one transaction or not at all; usage_hourly only ever receives rows
 //! that `INSERT … ON CONFLICT DO NOTHING` actually inserted; a consumer whose
-//! stored offset moved under it writes nothing.
+//! stored offset moved under it writes nothing. The archive's files are
+//! visible only through manifest rows, which commit with the archive offsets
+//! (by compare-and-set) after the files are durably written.
 
+pub mod archive;
 pub mod batch;
 pub mod batcher;
 pub mod config;

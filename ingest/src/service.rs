@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use crate::batcher::{BatchSettings, Batcher, Stopped};
 use crate::config::IngestConfig;
-use crate::consumer::{ConsumerSettings, ConsumerThread};
+use crate::consumer::{ConsumerSettings, ConsumerThread, Ledger};
 use crate::error::IngestError;
 use crate::offsets::ConsumerKey;
 use crate::telemetry;
@@ -60,6 +60,7 @@ pub async fn run(
             ConsumerSettings {
                 brokers: config.kafka_brokers.clone(),
                 key: key.clone(),
+                ledger: Ledger::Ingest,
                 revoke_timeout: Duration::from_secs(30),
                 chunk: 1000.min(config.max_batch),
             },

@@ -22,6 +22,18 @@ struct Cli {
     /// Days of request_log kept; older day partitions are dropped.
     #[arg(long, env = "ROLLUP_KEEP_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
     keep_days: u32,
+    /// Keep a due request_log day until the Parquet archive has covered it
+    /// (its archiver offsets passed the day's barrier). `false` only for a
+    /// deployment that runs no archiver.
+    #[arg(long, env = "ROLLUP_REQUIRE_ARCHIVE", default_value_t = true, action = clap::ArgAction::Set)]
+    require_archive: bool,
+    /// The archiver's consumer group whose offsets retention waits for.
+    #[arg(
+        long,
+        env = "ROLLUP_ARCHIVE_GROUP",
+        default_value = "meterline-archiver"
+    )]
+    archive_group: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -66,14 +78,26 @@ async fn run() -> anyhow::Result<ExitCode> {
         )
         .init();
     let cli = Cli::parse();
-    let pool = schema::connect(&cli.database_url, 2, Duration::from_secs(30)).await?;
     let lateness = TimeDelta::minutes(i64::from(cli.lateness_minutes));
+    let archive = if cli.require_archive {
+        anyhow::ensure!(
+            !cli.archive_group.trim().is_empty(),
+            "ROLLUP_ARCHIVE_GROUP is empty"
+        );
+        retention::ArchiveRule::Require {
+            group: cli.archive_group.clone(),
+        }
+    } else {
+        retention::ArchiveRule::Ignore
+    };
+    let pool = schema::connect(&cli.database_url, 2, Duration::from_secs(30)).await?;
     match cli.command {
         Command::Run { tick_seconds } => {
             let schedule = service::Schedule {
                 tick: Duration::from_secs(tick_seconds.max(1)),
                 lateness,
                 keep_days: cli.keep_days,
+                archive,
             };
             service::run(pool, schedule, async {
                 let _ = tokio::signal::ctrl_c().await;
@@ -85,8 +109,8 @@ async fn run() -> anyhow::Result<ExitCode> {
             tracing::info!(report = %serde_json::to_string(&report)?, "hours closed");
         }
         Command::Retention => {
-            let days =
-                retention::drop_expired(&pool, Utc::now().date_naive(), cli.keep_days).await?;
+            let today = Utc::now().date_naive();
+            let days = retention::drop_expired(&pool, today, cli.keep_days, &archive).await?;
             tracing::info!(?days, "retention applied");
         }
         Command::Reconcile { from, to } => {

@@ -9,11 +9,12 @@ use sqlx::PgPool;
 
 use crate::{hours, retention};
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Schedule {
     pub tick: Duration,
     pub lateness: TimeDelta,
     pub keep_days: u32,
+    pub archive: retention::ArchiveRule,
 }
 
 pub async fn run(pool: PgPool, schedule: Schedule, shutdown: impl Future<Output = ()>) {
@@ -33,7 +34,8 @@ pub async fn run(pool: PgPool, schedule: Schedule, shutdown: impl Future<Output 
             Err(e) => tracing::warn!(error = %e, "closing hours failed; retrying next tick"),
         }
         if last_retention.is_none_or(|t| t.elapsed() >= Duration::from_secs(3600)) {
-            match retention::drop_expired(&pool, Utc::now().date_naive(), schedule.keep_days).await
+            let today = Utc::now().date_naive();
+            match retention::drop_expired(&pool, today, schedule.keep_days, &schedule.archive).await
             {
                 Ok(days) => {
                     last_retention = Some(tokio::time::Instant::now());

@@ -115,6 +115,45 @@ impl TestStack {
             f.await.expect("delivery").expect("delivered");
         }
     }
+
+    /// Like [`TestStack::produce`], and returns where each message landed:
+    /// its (partition, offset), in the order given.
+    pub async fn produce_tracked(
+        &self,
+        producer: &FutureProducer,
+        messages: &[(String, Vec<u8>)],
+    ) -> Vec<(i32, i64)> {
+        let mut pending = Vec::with_capacity(messages.len());
+        for (key, payload) in messages {
+            loop {
+                let record = FutureRecord::to(&self.topic).key(key).payload(payload);
+                match producer.send_result(record) {
+                    Ok(f) => {
+                        pending.push(f);
+                        break;
+                    }
+                    Err((e, _)) => {
+                        assert!(
+                            matches!(
+                                e,
+                                rdkafka::error::KafkaError::MessageProduction(
+                                    rdkafka::types::RDKafkaErrorCode::QueueFull
+                                )
+                            ),
+                            "produce failed: {e}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        }
+        let mut landed = Vec::with_capacity(pending.len());
+        for f in pending {
+            let d = f.await.expect("delivery").expect("delivered");
+            landed.push((d.partition, d.offset));
+        }
+        landed
+    }
 }
 
 async fn schema_pool(url: &str) -> PgPool {

@@ -9,6 +9,7 @@
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use ingest::batch::{split, RawMessage};
 use ingest::store::{apply, Partitions};
+use rollup::retention::ArchiveRule;
 use rust_decimal::Decimal;
 use sqlx::PgPool;
 use tests::stack::fresh_database;
@@ -151,7 +152,9 @@ async fn expired_days_are_dropped_and_their_resends_are_not_counted_twice() {
     let counts = ingest(&pool, &[old.clone(), recent.clone()], 0).await;
     assert_eq!(counts.inserted, 2);
 
-    let dropped = rollup::retention::drop_expired(&pool, today, 30)
+    // No ingest offsets in this database (the batches above were applied
+    // directly), so the day's barrier is empty and the archive rule is met.
+    let dropped = rollup::retention::drop_expired(&pool, today, 30, &require_archive())
         .await
         .unwrap();
     assert_eq!(dropped, vec![old_time.date_naive()]);
@@ -174,6 +177,121 @@ async fn expired_days_are_dropped_and_their_resends_are_not_counted_twice() {
             .await
             .unwrap();
     assert_eq!(code, "beyond_retention");
+}
+
+fn require_archive() -> ArchiveRule {
+    ArchiveRule::Require {
+        group: "meterline-archiver".into(),
+    }
+}
+
+async fn set_archive_offset(pool: &PgPool, partition: i32, next: i64) {
+    sqlx::query(
+        "INSERT INTO archive_offsets (consumer_group, topic, kafka_partition, next_offset)
+         VALUES ('meterline-archiver', 'usage.events.v1', $1, $2)
+         ON CONFLICT (consumer_group, topic, kafka_partition) DO UPDATE SET next_offset = $2",
+    )
+    .bind(partition)
+    .bind(next)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_due_day_is_kept_until_the_archive_passes_its_barrier() {
+    let (_, pool) = setup("barrier").await;
+    let today = Utc::now().date_naive();
+    let old_time = (Utc::now() - TimeDelta::days(40))
+        .duration_trunc(TimeDelta::milliseconds(1))
+        .unwrap();
+    // Through ingest's own batch transaction, so consumer_offsets moves too:
+    // offsets 0..3 of partition 0.
+    let key = ingest::offsets::ConsumerKey {
+        group: "meterline-ingest".into(),
+        topic: "usage.events.v1".into(),
+    };
+    let msgs: Vec<RawMessage> = (0..3)
+        .map(|i| RawMessage {
+            partition: 0,
+            offset: i,
+            payload: event(old_time + TimeDelta::seconds(i), 1).to_json(),
+        })
+        .collect();
+    let decoded = split(&msgs, Utc::now());
+    Partitions::default()
+        .ensure(&pool, decoded.firsts.iter().map(|c| &c.event))
+        .await
+        .unwrap();
+    let outcome = ingest::store::commit_batch(
+        &pool,
+        &key,
+        &std::collections::BTreeMap::from([(0, None)]),
+        decoded,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(outcome, ingest::store::Outcome::Committed(_)));
+
+    // Due, but nothing archived: kept, and its barrier is ingest's offset.
+    let dropped = rollup::retention::drop_expired(&pool, today, 30, &require_archive())
+        .await
+        .unwrap();
+    assert!(dropped.is_empty());
+    let behind = rollup::retention::behind(&pool, old_time.date_naive(), "meterline-archiver")
+        .await
+        .unwrap();
+    assert_eq!(behind.len(), 1);
+    assert_eq!((behind[0].partition, behind[0].barrier), (0, 3));
+
+    // Ingest moving on does not move the barrier; the archive one short of it is not enough.
+    sqlx::query("UPDATE consumer_offsets SET next_offset = 1000")
+        .execute(&pool)
+        .await
+        .unwrap();
+    set_archive_offset(&pool, 0, 2).await;
+    let dropped = rollup::retention::drop_expired(&pool, today, 30, &require_archive())
+        .await
+        .unwrap();
+    assert!(dropped.is_empty());
+    assert_eq!(
+        rollup::retention::partitions(&pool).await.unwrap(),
+        vec![old_time.date_naive()]
+    );
+
+    // The archive reaches the barrier: dropped.
+    set_archive_offset(&pool, 0, 3).await;
+    let dropped = rollup::retention::drop_expired(&pool, today, 30, &require_archive())
+        .await
+        .unwrap();
+    assert_eq!(dropped, vec![old_time.date_naive()]);
+}
+
+#[tokio::test]
+async fn without_an_archiver_due_days_are_dropped_as_they_come() {
+    let (_, pool) = setup("noarchive").await;
+    let old_time = (Utc::now() - TimeDelta::days(40))
+        .duration_trunc(TimeDelta::milliseconds(1))
+        .unwrap();
+    ingest(&pool, &[event(old_time, 1)], 0).await;
+    sqlx::query(
+        "INSERT INTO consumer_offsets (consumer_group, topic, kafka_partition, next_offset)
+         VALUES ('meterline-ingest', 'usage.events.v1', 0, 1)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let today = Utc::now().date_naive();
+    assert!(
+        rollup::retention::drop_expired(&pool, today, 30, &require_archive())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let dropped = rollup::retention::drop_expired(&pool, today, 30, &ArchiveRule::Ignore)
+        .await
+        .unwrap();
+    assert_eq!(dropped, vec![old_time.date_naive()]);
 }
 
 #[tokio::test]
