@@ -47,6 +47,8 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,rdkafka=warn".into()),
         )
+        // Logs on stderr: the subcommands print JSON on stdout.
+        .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {

@@ -76,6 +76,8 @@ async fn run() -> anyhow::Result<ExitCode> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // Logs on stderr: the subcommands print JSON on stdout.
+        .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let lateness = TimeDelta::minutes(i64::from(cli.lateness_minutes));
