@@ -16,6 +16,20 @@ pub struct RawMessage {
     pub partition: i32,
     pub offset: i64,
     pub payload: Vec<u8>,
+    /// The payload already decoded (by the consumer thread, while the
+    /// batcher waits on Postgres); `None`: decode it in [`split`].
+    pub decoded: Option<Prepared>,
+}
+
+/// A decoded message: the valid event and its content hash, or why not.
+pub type Prepared = Result<(UsageEvent, [u8; 32]), Violation>;
+
+/// Decodes and validates one payload against the clock `now`.
+pub fn prepare(payload: &[u8], now: DateTime<Utc>) -> Prepared {
+    decode(payload, now).map(|event| {
+        let hash = event.content_hash();
+        (event, hash)
+    })
 }
 
 /// A decoded, valid event and where it came from.
@@ -65,15 +79,37 @@ impl Decoded {
 
 /// Decodes and validates every message against the clock `now`.
 pub fn split(messages: &[RawMessage], now: DateTime<Utc>) -> Decoded {
+    split_with(messages.iter().map(|m| (m, None)), messages.len(), now)
+}
+
+/// [`split`], taking the decodings the consumer thread prepared (a message
+/// split again, after a failed commit, is decoded afresh).
+pub fn split_prepared(messages: &mut [RawMessage], now: DateTime<Utc>) -> Decoded {
+    let n = messages.len();
+    split_with(
+        messages.iter_mut().map(|m| {
+            let prepared = m.decoded.take();
+            (&*m, prepared)
+        }),
+        n,
+        now,
+    )
+}
+
+fn split_with<'a>(
+    messages: impl Iterator<Item = (&'a RawMessage, Option<Prepared>)>,
+    n: usize,
+    now: DateTime<Utc>,
+) -> Decoded {
     let mut out = Decoded::default();
-    let mut seen: HashSet<Uuid> = HashSet::with_capacity(messages.len());
-    for m in messages {
+    let mut seen: HashSet<Uuid> = HashSet::with_capacity(n);
+    for (m, prepared) in messages {
         let next = out.next_offsets.entry(m.partition).or_insert(m.offset + 1);
         *next = (*next).max(m.offset + 1);
-        match decode(&m.payload, now) {
-            Ok(event) => {
+        match prepared.unwrap_or_else(|| prepare(&m.payload, now)) {
+            Ok((event, hash)) => {
                 let candidate = Candidate {
-                    hash: event.content_hash(),
+                    hash,
                     event,
                     partition: m.partition,
                     offset: m.offset,
@@ -225,6 +261,7 @@ mod tests {
 
     fn raw(partition: i32, offset: i64, payload: Vec<u8>) -> RawMessage {
         RawMessage {
+            decoded: None,
             partition,
             offset,
             payload,
@@ -257,6 +294,45 @@ mod tests {
             compare(&d.firsts[0].hash, &d.repeats[1].hash),
             Verdict::Conflict
         );
+    }
+
+    #[test]
+    fn prepared_decodings_split_exactly_like_fresh_ones() {
+        let a = event("t", 1, 5, FinishReason::Stop);
+        let mut b = a.clone();
+        b.completion_tokens = 6;
+        let payloads = [a.to_json(), a.to_json(), b.to_json(), b"junk".to_vec()];
+        let fresh: Vec<RawMessage> = payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| raw(i as i32 % 2, i as i64, p.clone()))
+            .collect();
+        let mut prepared = fresh.clone();
+        for m in &mut prepared {
+            m.decoded = Some(prepare(&m.payload, now()));
+        }
+        let shape = |d: &Decoded| {
+            (
+                d.firsts
+                    .iter()
+                    .map(|c| (c.offset, c.hash))
+                    .collect::<Vec<_>>(),
+                d.repeats
+                    .iter()
+                    .map(|c| (c.offset, c.hash))
+                    .collect::<Vec<_>>(),
+                d.rejected
+                    .iter()
+                    .map(|r| (r.offset, r.violation.code()))
+                    .collect::<Vec<_>>(),
+                d.next_offsets.clone(),
+            )
+        };
+        let expected = shape(&split(&fresh, now()));
+        assert_eq!(shape(&split_prepared(&mut prepared, now())), expected);
+        // Taken once: a retry decodes afresh, with the same result.
+        assert!(prepared.iter().all(|m| m.decoded.is_none()));
+        assert_eq!(shape(&split_prepared(&mut prepared, now())), expected);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 
-use crate::batch::{split, RawMessage};
+use crate::batch::{split_prepared, RawMessage};
 use crate::consumer::{Feed, HighWatermarks};
 use crate::offsets::ConsumerKey;
 use crate::store::{self, Outcome, Partitions};
@@ -130,7 +130,7 @@ impl Batcher {
     async fn flush(&mut self) -> Result<(), Vec<i32>> {
         let mut backoff = Duration::from_millis(100);
         while !self.pending.is_empty() {
-            let decoded = split(&self.pending, chrono::Utc::now());
+            let decoded = split_prepared(&mut self.pending, chrono::Utc::now());
             let size = decoded.len();
             let next_offsets = decoded.next_offsets.clone();
             let started = Instant::now();

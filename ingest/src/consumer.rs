@@ -23,7 +23,7 @@ use rdkafka::{ClientConfig, ClientContext};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 
-use crate::batch::RawMessage;
+use crate::batch::{prepare, RawMessage};
 use crate::offsets::{self, ConsumerKey};
 
 /// What the consumer thread tells the batcher, in the order it happened.
@@ -60,6 +60,9 @@ pub struct ConsumerSettings {
     pub revoke_timeout: Duration,
     /// Messages handed over per channel send, at most.
     pub chunk: usize,
+    /// Decode and validate each message on the consumer thread, so that
+    /// work overlaps the batcher's wait on Postgres.
+    pub predecode: bool,
 }
 
 struct Context {
@@ -229,7 +232,15 @@ impl ConsumerThread {
         let thread_stop = stop.clone();
         let handle = std::thread::Builder::new()
             .name("kafka-consumer".into())
-            .spawn(move || poll_loop(consumer, feed, thread_stop, settings.chunk))
+            .spawn(move || {
+                poll_loop(
+                    consumer,
+                    feed,
+                    thread_stop,
+                    settings.chunk,
+                    settings.predecode,
+                )
+            })
             .map_err(|e| {
                 rdkafka::error::KafkaError::ClientCreation(format!("cannot start thread: {e}"))
             })?;
@@ -265,6 +276,7 @@ fn poll_loop(
     feed: mpsc::Sender<Feed>,
     stop: Arc<AtomicBool>,
     chunk_size: usize,
+    predecode: bool,
 ) {
     let mut chunk: Vec<RawMessage> = Vec::with_capacity(chunk_size);
     let mut chunk_started = Instant::now();
@@ -276,10 +288,12 @@ fn poll_loop(
                 if chunk.is_empty() {
                     chunk_started = Instant::now();
                 }
+                let payload = m.payload().map(<[u8]>::to_vec).unwrap_or_default();
                 chunk.push(RawMessage {
                     partition: m.partition(),
                     offset: m.offset(),
-                    payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                    decoded: predecode.then(|| prepare(&payload, chrono::Utc::now())),
+                    payload,
                 });
                 if chunk.len() < chunk_size && chunk_started.elapsed() < max_hold {
                     continue;

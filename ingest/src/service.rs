@@ -63,6 +63,7 @@ pub async fn run(
                 ledger: Ledger::Ingest,
                 revoke_timeout: Duration::from_secs(30),
                 chunk: 1000.min(config.max_batch),
+                predecode: true,
             },
             pool.clone(),
             feed_tx,

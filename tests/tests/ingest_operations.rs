@@ -213,12 +213,14 @@ async fn dead_letters_are_redriven_exactly_once_after_the_fix() {
         .iter()
         .enumerate()
         .map(|(i, e)| ingest::batch::RawMessage {
+            decoded: None,
             partition: 0,
             offset: i as i64,
             payload: e.to_json(),
         })
         .collect();
     msgs.push(ingest::batch::RawMessage {
+        decoded: None,
         partition: 0,
         offset: 99,
         payload: b"{broken".to_vec(),
@@ -294,6 +296,7 @@ async fn poison_bytes_are_dead_lettered_without_failing_the_batch() {
         .iter()
         .enumerate()
         .map(|(i, p)| ingest::batch::RawMessage {
+            decoded: None,
             partition: 0,
             offset: i as i64,
             payload: p.clone(),

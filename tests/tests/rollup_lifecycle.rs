@@ -59,6 +59,7 @@ async fn ingest(pool: &PgPool, events: &[UsageEvent], first_offset: i64) -> inge
         .iter()
         .enumerate()
         .map(|(i, e)| RawMessage {
+            decoded: None,
             partition: 0,
             offset: first_offset + i as i64,
             payload: e.to_json(),
@@ -213,6 +214,7 @@ async fn a_due_day_is_kept_until_the_archive_passes_its_barrier() {
     };
     let msgs: Vec<RawMessage> = (0..3)
         .map(|i| RawMessage {
+            decoded: None,
             partition: 0,
             offset: i,
             payload: event(old_time + TimeDelta::seconds(i), 1).to_json(),

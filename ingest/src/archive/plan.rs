@@ -189,6 +189,7 @@ mod tests {
 
     fn msg(partition: i32, offset: i64, started: Option<DateTime<Utc>>) -> RawMessage {
         RawMessage {
+            decoded: None,
             partition,
             offset,
             payload: started.map_or_else(|| b"garbage".to_vec(), |t| event(t).to_json()),
@@ -313,6 +314,7 @@ mod tests {
         let e = event(at(5, 0));
         let msgs: Vec<RawMessage> = (0..3)
             .map(|o| RawMessage {
+                decoded: None,
                 partition: 0,
                 offset: o,
                 payload: e.to_json(),

@@ -68,6 +68,7 @@ pub async fn run(
                 ledger: Ledger::Archive,
                 revoke_timeout: Duration::from_secs(60),
                 chunk: 1000.min(config.max_batch),
+                predecode: false,
             },
             pool.clone(),
             feed_tx,
