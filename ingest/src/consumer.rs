@@ -24,7 +24,7 @@ use sqlx::PgPool;
 use tokio::sync::mpsc;
 
 use crate::batch::{prepare, RawMessage};
-use crate::offsets::{self, ConsumerKey};
+use crate::offsets::{self, ConsumerKey, Ledger};
 
 /// What the consumer thread tells the batcher, in the order it happened.
 #[derive(Debug)]
@@ -38,15 +38,6 @@ pub enum Feed {
 
 /// Broker high watermarks per partition, from librdkafka's statistics.
 pub type HighWatermarks = Arc<Mutex<HashMap<i32, i64>>>;
-
-/// Which table in Postgres holds a group's offsets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ledger {
-    /// Ingest's `consumer_offsets`.
-    Ingest,
-    /// The archiver's `archive_offsets`.
-    Archive,
-}
 
 /// Settings the consumer thread needs.
 #[derive(Debug, Clone)]
@@ -141,15 +132,12 @@ impl Context {
     fn load_offsets(&self, partitions: &[i32]) -> BTreeMap<i32, Option<i64>> {
         let mut backoff = Duration::from_millis(100);
         loop {
-            let result = self.runtime.block_on(async {
-                match self.ledger {
-                    Ledger::Ingest => offsets::load(&self.pool, &self.key, partitions).await,
-                    Ledger::Archive => {
-                        crate::archive::manifest::load_offsets(&self.pool, &self.key, partitions)
-                            .await
-                    }
-                }
-            });
+            let result = self.runtime.block_on(offsets::load(
+                &self.pool,
+                self.ledger,
+                &self.key,
+                partitions,
+            ));
             match result {
                 Ok(stored) => return stored,
                 Err(e) => {

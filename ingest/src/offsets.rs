@@ -10,6 +10,25 @@ use std::collections::BTreeMap;
 
 use sqlx::{PgConnection, PgPool};
 
+/// Which table holds a group's offsets. Both have the same shape and move
+/// by the same compare-and-set; only whose data they cover differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ledger {
+    /// Ingest's `consumer_offsets` (request_log and usage_hourly).
+    Ingest,
+    /// The archiver's `archive_offsets` (the Parquet manifest).
+    Archive,
+}
+
+impl Ledger {
+    fn table(self) -> &'static str {
+        match self {
+            Self::Ingest => "consumer_offsets",
+            Self::Archive => "archive_offsets",
+        }
+    }
+}
+
 /// Whose offsets: a consumer group reading a topic.
 #[derive(Debug, Clone)]
 pub struct ConsumerKey {
@@ -27,21 +46,23 @@ pub enum Cas {
     },
 }
 
-/// Moves `partition` from `expected` to `next`. `expected == None` means
-/// "no row yet": the row is created, and only one creator can win.
+/// Moves `partition` from `expected` to `next` in `ledger`. `expected ==
+/// None` means "no row yet": the row is created, and only one creator can win.
 pub async fn compare_and_set(
     conn: &mut PgConnection,
+    ledger: Ledger,
     key: &ConsumerKey,
     partition: i32,
     expected: Option<i64>,
     next: i64,
 ) -> Result<Cas, sqlx::Error> {
+    let table = ledger.table();
     let moved = match expected {
-        Some(expected) => sqlx::query(
-            "UPDATE consumer_offsets SET next_offset = $4, updated_at = now()
+        Some(expected) => sqlx::query(&format!(
+            "UPDATE {table} SET next_offset = $4, updated_at = now()
              WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = $3
-               AND next_offset = $5",
-        )
+               AND next_offset = $5"
+        ))
         .bind(&key.group)
         .bind(&key.topic)
         .bind(partition)
@@ -50,10 +71,10 @@ pub async fn compare_and_set(
         .execute(&mut *conn)
         .await?
         .rows_affected(),
-        None => sqlx::query(
-            "INSERT INTO consumer_offsets (consumer_group, topic, kafka_partition, next_offset)
-             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-        )
+        None => sqlx::query(&format!(
+            "INSERT INTO {table} (consumer_group, topic, kafka_partition, next_offset)
+             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING"
+        ))
         .bind(&key.group)
         .bind(&key.topic)
         .bind(partition)
@@ -65,10 +86,10 @@ pub async fn compare_and_set(
     if moved == 1 {
         return Ok(Cas::Moved);
     }
-    let stored: Option<(i64,)> = sqlx::query_as(
-        "SELECT next_offset FROM consumer_offsets
-         WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = $3",
-    )
+    let stored: Option<(i64,)> = sqlx::query_as(&format!(
+        "SELECT next_offset FROM {table}
+         WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = $3"
+    ))
     .bind(&key.group)
     .bind(&key.topic)
     .bind(partition)
@@ -79,16 +100,18 @@ pub async fn compare_and_set(
     })
 }
 
-/// The stored next offset of each partition (`None`: never committed).
+/// The stored next offset of each partition in `ledger` (`None`: never committed).
 pub async fn load(
     pool: &PgPool,
+    ledger: Ledger,
     key: &ConsumerKey,
     partitions: &[i32],
 ) -> Result<BTreeMap<i32, Option<i64>>, sqlx::Error> {
-    let rows: Vec<(i32, i64)> = sqlx::query_as(
-        "SELECT kafka_partition, next_offset FROM consumer_offsets
+    let rows: Vec<(i32, i64)> = sqlx::query_as(&format!(
+        "SELECT kafka_partition, next_offset FROM {}
          WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = ANY($3)",
-    )
+        ledger.table()
+    ))
     .bind(&key.group)
     .bind(&key.topic)
     .bind(partitions)

@@ -10,9 +10,10 @@ use tokio::sync::mpsc;
 
 use crate::batcher::{BatchSettings, Batcher, Stopped};
 use crate::config::IngestConfig;
-use crate::consumer::{ConsumerSettings, ConsumerThread, Ledger};
+use crate::consumer::{ConsumerSettings, ConsumerThread};
 use crate::error::IngestError;
 use crate::offsets::ConsumerKey;
+use crate::offsets::Ledger;
 use crate::telemetry;
 
 /// How long start-up waits for Postgres before giving up.

@@ -13,7 +13,7 @@ use uuid::Uuid;
 use crate::batch::{compare, Candidate, Decoded, Rejected, Verdict};
 use crate::dead_letters::insert_dead_letters;
 use crate::hourly::{mark_late_hours, upsert_hourly};
-use crate::offsets::{self, Cas, ConsumerKey};
+use crate::offsets::{self, Cas, ConsumerKey, Ledger};
 use crate::request_rows::{insert_request_rows, stored_versions};
 
 /// What a committed batch did.
@@ -92,7 +92,9 @@ pub async fn commit_batch(
     let mut fenced = Vec::new();
     for (&partition, &next) in &decoded.next_offsets {
         let believed = expected.get(&partition).copied().flatten();
-        match offsets::compare_and_set(&mut tx, key, partition, believed, next).await? {
+        match offsets::compare_and_set(&mut tx, Ledger::Ingest, key, partition, believed, next)
+            .await?
+        {
             Cas::Moved => {}
             Cas::Stale { stored } if stored == Some(next) => done.push(partition),
             Cas::Stale { .. } => fenced.push(partition),

@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, NaiveDate, Timelike, Utc};
-use sqlx::{PgConnection, PgPool, QueryBuilder};
+use sqlx::{PgPool, QueryBuilder};
 
-use crate::offsets::{Cas, ConsumerKey};
+use crate::offsets::{self, Cas, ConsumerKey, Ledger};
 
 /// One manifest row: a written file, or a range without valid events.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,79 +39,6 @@ pub enum Outcome {
     },
 }
 
-/// The stored next offset of each partition (`None`: never archived).
-pub async fn load_offsets(
-    pool: &PgPool,
-    key: &ConsumerKey,
-    partitions: &[i32],
-) -> Result<BTreeMap<i32, Option<i64>>, sqlx::Error> {
-    let rows: Vec<(i32, i64)> = sqlx::query_as(
-        "SELECT kafka_partition, next_offset FROM archive_offsets
-         WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = ANY($3)",
-    )
-    .bind(&key.group)
-    .bind(&key.topic)
-    .bind(partitions)
-    .fetch_all(pool)
-    .await?;
-    let mut out: BTreeMap<i32, Option<i64>> = partitions.iter().map(|&p| (p, None)).collect();
-    for (p, o) in rows {
-        out.insert(p, Some(o));
-    }
-    Ok(out)
-}
-
-/// Moves `partition`'s archive offset from `expected` to `next`.
-async fn compare_and_set(
-    conn: &mut PgConnection,
-    key: &ConsumerKey,
-    partition: i32,
-    expected: Option<i64>,
-    next: i64,
-) -> Result<Cas, sqlx::Error> {
-    let moved = match expected {
-        Some(expected) => sqlx::query(
-            "UPDATE archive_offsets SET next_offset = $4, updated_at = now()
-             WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = $3
-               AND next_offset = $5",
-        )
-        .bind(&key.group)
-        .bind(&key.topic)
-        .bind(partition)
-        .bind(next)
-        .bind(expected)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected(),
-        None => sqlx::query(
-            "INSERT INTO archive_offsets (consumer_group, topic, kafka_partition, next_offset)
-             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-        )
-        .bind(&key.group)
-        .bind(&key.topic)
-        .bind(partition)
-        .bind(next)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected(),
-    };
-    if moved == 1 {
-        return Ok(Cas::Moved);
-    }
-    let stored: Option<(i64,)> = sqlx::query_as(
-        "SELECT next_offset FROM archive_offsets
-         WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = $3",
-    )
-    .bind(&key.group)
-    .bind(&key.topic)
-    .bind(partition)
-    .fetch_optional(&mut *conn)
-    .await?;
-    Ok(Cas::Stale {
-        stored: stored.map(|(o,)| o),
-    })
-}
-
 /// Commits a batch whose files are already written: offsets first (their
 /// row locks serialize two archivers of one partition, and a zombie fails
 /// before writing anything), then the manifest rows, in one transaction.
@@ -127,7 +54,9 @@ pub async fn commit(
     let mut fenced = Vec::new();
     for (&partition, &next) in next_offsets {
         let believed = expected.get(&partition).copied().flatten();
-        match compare_and_set(&mut tx, key, partition, believed, next).await? {
+        match offsets::compare_and_set(&mut tx, Ledger::Archive, key, partition, believed, next)
+            .await?
+        {
             Cas::Moved => {}
             Cas::Stale { stored } if stored == Some(next) => done.push(partition),
             Cas::Stale { .. } => fenced.push(partition),

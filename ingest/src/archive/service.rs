@@ -12,9 +12,10 @@ use crate::archive::archiver::{ArchiveLimits, Archiver};
 use crate::archive::config::ArchiverConfig;
 use crate::archive::{store, telemetry};
 use crate::batcher::Stopped;
-use crate::consumer::{ConsumerSettings, ConsumerThread, Ledger};
+use crate::consumer::{ConsumerSettings, ConsumerThread};
 use crate::error::IngestError;
 use crate::offsets::ConsumerKey;
+use crate::offsets::Ledger;
 
 /// How long start-up waits for Postgres before giving up.
 const DATABASE_WAIT: Duration = Duration::from_secs(24 * 3600);
