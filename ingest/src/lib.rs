@@ -15,6 +15,8 @@
 //! - [`dead_letters`]: list and re-drive
 //! - [`telemetry`]: Prometheus metrics
 //! - [`service`], [`config`], [`error`]: the process around it
+//! - [`session`]: what ingest and the archiver share as processes (metrics
+//!   endpoint, the consumer-group session loop)
 //! - [`archive`]: the Parquet archiver (its own binary, `archiver`): its own
 //!   consumer group, files per partition and UTC hour, a manifest and
 //!   archive offsets committed in one transaction after the files are written
@@ -37,6 +39,7 @@ pub mod hourly;
 pub mod offsets;
 pub mod request_rows;
 pub mod service;
+pub mod session;
 pub mod store;
 pub mod telemetry;
 
