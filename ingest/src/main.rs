@@ -1,4 +1,5 @@
 use clap::{Parser, Subcommand};
+use ingest::session::{println_json, shutdown_signal};
 use ingest::{dead_letters, IngestConfig};
 
 /// Meterline ingest: usage events from Kafka into Postgres, exactly once.
@@ -76,31 +77,4 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
-}
-
-#[expect(clippy::print_stdout, reason = "the admin commands print their answer")]
-fn println_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string(value)?);
-    Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

@@ -100,6 +100,43 @@ pub async fn compare_and_set(
     })
 }
 
+/// Partitions a batch could not move: `done` already stood at the batch's
+/// end (it was committed before), `fenced` stood elsewhere (another
+/// consumer moved it: this one is a zombie for them).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Unmoved {
+    pub done: Vec<i32>,
+    pub fenced: Vec<i32>,
+}
+
+impl Unmoved {
+    pub fn is_empty(&self) -> bool {
+        self.done.is_empty() && self.fenced.is_empty()
+    }
+}
+
+/// Moves every partition of a batch from what this consumer believes
+/// (`expected`) to `next_offsets`, inside the batch's transaction; the
+/// caller rolls back unless all moved.
+pub async fn move_all(
+    conn: &mut PgConnection,
+    ledger: Ledger,
+    key: &ConsumerKey,
+    expected: &BTreeMap<i32, Option<i64>>,
+    next_offsets: &BTreeMap<i32, i64>,
+) -> Result<Unmoved, sqlx::Error> {
+    let mut unmoved = Unmoved::default();
+    for (&partition, &next) in next_offsets {
+        let believed = expected.get(&partition).copied().flatten();
+        match compare_and_set(conn, ledger, key, partition, believed, next).await? {
+            Cas::Moved => {}
+            Cas::Stale { stored } if stored == Some(next) => unmoved.done.push(partition),
+            Cas::Stale { .. } => unmoved.fenced.push(partition),
+        }
+    }
+    Ok(unmoved)
+}
+
 /// The stored next offset of each partition in `ledger` (`None`: never committed).
 pub async fn load(
     pool: &PgPool,

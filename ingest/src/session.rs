@@ -1,5 +1,6 @@
-//! What ingest and the archiver share as processes: the Prometheus
-//! endpoint, and the consumer-group session loop — a consumer thread
+//! What ingest and the archiver share as processes: the shutdown signal,
+//! the admin commands' JSON output, the Prometheus endpoint, and the
+//! consumer-group session loop — a consumer thread
 //! feeding one task that commits what it is fed, replaced by a fresh
 //! session (rejoining the group) whenever the task is fenced out as a
 //! zombie, until shutdown, when the task commits what it holds.
@@ -78,4 +79,33 @@ where
             }
         }
     }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// An admin command's answer: one JSON line on stdout (logs go to stderr).
+#[expect(clippy::print_stdout, reason = "the admin commands print their answer")]
+pub fn println_json(value: &impl serde::Serialize) -> Result<(), serde_json::Error> {
+    println!("{}", serde_json::to_string(value)?);
+    Ok(())
 }

@@ -13,7 +13,7 @@ use uuid::Uuid;
 use crate::batch::{compare, Candidate, Decoded, Rejected, Verdict};
 use crate::dead_letters::insert_dead_letters;
 use crate::hourly::{mark_late_hours, upsert_hourly};
-use crate::offsets::{self, Cas, ConsumerKey, Ledger};
+use crate::offsets::{self, ConsumerKey, Ledger};
 use crate::request_rows::{insert_request_rows, stored_versions};
 
 /// What a committed batch did.
@@ -88,21 +88,20 @@ pub async fn commit_batch(
         .await?;
     // Offsets first: the row locks serialize two consumers of one partition
     // before either writes data, and a zombie fails fast.
-    let mut done = Vec::new();
-    let mut fenced = Vec::new();
-    for (&partition, &next) in &decoded.next_offsets {
-        let believed = expected.get(&partition).copied().flatten();
-        match offsets::compare_and_set(&mut tx, Ledger::Ingest, key, partition, believed, next)
-            .await?
-        {
-            Cas::Moved => {}
-            Cas::Stale { stored } if stored == Some(next) => done.push(partition),
-            Cas::Stale { .. } => fenced.push(partition),
-        }
-    }
-    if !done.is_empty() || !fenced.is_empty() {
+    let unmoved = offsets::move_all(
+        &mut tx,
+        Ledger::Ingest,
+        key,
+        expected,
+        &decoded.next_offsets,
+    )
+    .await?;
+    if !unmoved.is_empty() {
         tx.rollback().await?;
-        return Ok(Outcome::Stale { done, fenced });
+        return Ok(Outcome::Stale {
+            done: unmoved.done,
+            fenced: unmoved.fenced,
+        });
     }
     let counts = apply(&mut tx, decoded).await?;
     tx.commit().await?;

@@ -87,37 +87,11 @@ impl TestStack {
 
     /// Produces every payload (keyed) and waits for all acknowledgements.
     pub async fn produce(&self, producer: &FutureProducer, messages: &[(String, Vec<u8>)]) {
-        let mut pending = Vec::with_capacity(messages.len());
-        for (key, payload) in messages {
-            loop {
-                let record = FutureRecord::to(&self.topic).key(key).payload(payload);
-                match producer.send_result(record) {
-                    Ok(f) => {
-                        pending.push(f);
-                        break;
-                    }
-                    Err((e, _)) => {
-                        assert!(
-                            matches!(
-                                e,
-                                rdkafka::error::KafkaError::MessageProduction(
-                                    rdkafka::types::RDKafkaErrorCode::QueueFull
-                                )
-                            ),
-                            "produce failed: {e}"
-                        );
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                }
-            }
-        }
-        for f in pending {
-            f.await.expect("delivery").expect("delivered");
-        }
+        self.produce_tracked(producer, messages).await;
     }
 
-    /// Like [`TestStack::produce`], and returns where each message landed:
-    /// its (partition, offset), in the order given.
+    /// Produces every payload (keyed), waits for all acknowledgements, and
+    /// returns where each message landed: its (partition, offset), in order.
     pub async fn produce_tracked(
         &self,
         producer: &FutureProducer,

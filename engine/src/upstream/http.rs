@@ -377,3 +377,35 @@ impl HttpGeneration {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use super::*;
+    use crate::scheduler::ServiceClass;
+
+    /// Past a class's threshold the request is refused before anything is
+    /// sent (the URL points nowhere, so a request that went out would be a
+    /// 502-style `Upstream` error instead).
+    #[tokio::test]
+    async fn a_replica_past_the_class_threshold_is_busy_for_that_class_only() {
+        let config: RemoteModel = serde_norway::from_str(
+            "model: m\nurl: http://127.0.0.1:9\ngpus: 1\nmax_context: 4096\nkv_poll_ms: 0\n",
+        )
+        .unwrap();
+        let upstream = HttpUpstream::new(config).unwrap();
+        upstream.occupancy.set(7_000);
+        let req = |class| CompletionRequest {
+            model: "m".into(),
+            prompt: "hi".into(),
+            class,
+            ..CompletionRequest::default()
+        };
+        let best_effort = upstream.start(&req(ServiceClass::BestEffort), false).await;
+        assert!(matches!(best_effort, Err(EngineError::UpstreamBusy { .. })));
+        let standard = upstream.start(&req(ServiceClass::Standard), false).await;
+        assert!(matches!(standard, Err(EngineError::Upstream { .. })));
+        assert_eq!(upstream.ledger.in_flight(), 0, "nothing left in the ledger");
+    }
+}

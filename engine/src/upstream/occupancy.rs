@@ -156,7 +156,6 @@ mod tests {
         o.set(6_000);
         assert!(!o.admits(60));
         assert!(o.admits(85));
-        o.read_at_ms.store(0, Ordering::Relaxed);
         let o2 = Occupancy {
             origin: Instant::now() - STALE_AFTER - Duration::from_secs(1),
             ..Occupancy::default()

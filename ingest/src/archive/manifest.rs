@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, NaiveDate, Timelike, Utc};
 use sqlx::{PgPool, QueryBuilder};
 
-use crate::offsets::{self, Cas, ConsumerKey, Ledger};
+use crate::offsets::{self, ConsumerKey, Ledger};
 
 /// One manifest row: a written file, or a range without valid events.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,21 +50,13 @@ pub async fn commit(
     entries: &[Entry],
 ) -> Result<Outcome, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let mut done = Vec::new();
-    let mut fenced = Vec::new();
-    for (&partition, &next) in next_offsets {
-        let believed = expected.get(&partition).copied().flatten();
-        match offsets::compare_and_set(&mut tx, Ledger::Archive, key, partition, believed, next)
-            .await?
-        {
-            Cas::Moved => {}
-            Cas::Stale { stored } if stored == Some(next) => done.push(partition),
-            Cas::Stale { .. } => fenced.push(partition),
-        }
-    }
-    if !done.is_empty() || !fenced.is_empty() {
+    let unmoved = offsets::move_all(&mut tx, Ledger::Archive, key, expected, next_offsets).await?;
+    if !unmoved.is_empty() {
         tx.rollback().await?;
-        return Ok(Outcome::Stale { done, fenced });
+        return Ok(Outcome::Stale {
+            done: unmoved.done,
+            fenced: unmoved.fenced,
+        });
     }
     if !entries.is_empty() {
         let mut insert = QueryBuilder::new(
