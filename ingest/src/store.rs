@@ -162,8 +162,7 @@ pub async fn apply(
         rejected.push(reject(c, violation, None));
     }
 
-    let inserted: HashSet<Uuid> = insert_request_rows(tx, &firsts).await?;
-    counts.inserted = inserted.len() as u64;
+    let inserted = insert_request_rows(tx, &firsts).await?;
 
     // Every id not inserted now has a stored version to compare against:
     // either a row from an earlier batch, or this batch's first occurrence.
@@ -189,6 +188,7 @@ pub async fn apply(
     let (counted, others): (Vec<_>, Vec<_>) = firsts
         .into_iter()
         .partition(|c| inserted.contains(&c.event.request_id.as_uuid()));
+    counts.inserted = counted.len() as u64;
     for c in others.into_iter().chain(repeats) {
         let Some((hash, version)) = stored.get(&c.event.request_id.as_uuid()) else {
             // The row vanished between insert and lookup: only possible if a

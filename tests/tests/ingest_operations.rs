@@ -319,3 +319,72 @@ async fn poison_bytes_are_dead_lettered_without_failing_the_batch() {
     let codes: Vec<String> = codes.into_iter().map(|(c,)| c).collect();
     assert_eq!(codes, ["bad_identifier", "invalid_field", "undecodable"]);
 }
+
+/// Batches normally go in with a plain INSERT; one that meets ids stored by
+/// an earlier batch must fall back without leaving a trace of the refused
+/// attempt, and still count each new row once and each re-send as what it is.
+#[tokio::test]
+async fn a_batch_meeting_stored_ids_counts_only_the_new_rows() {
+    let (_, pool) = tests::stack::fresh_database("resend_fallback").await;
+    sqlx::query(
+        "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
+         VALUES ('acme-corp', 'Acme', 'standard', 3, 'per_token')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let e: Vec<UsageEvent> = (1..=6).map(|n| event("acme-corp", n)).collect();
+    let mut changed = e[2].clone();
+    changed.completion_tokens += 100;
+    let mut offset = 0i64;
+    let mut commit = |batch: Vec<&UsageEvent>| {
+        let msgs: Vec<ingest::batch::RawMessage> = batch
+            .iter()
+            .map(|ev| {
+                offset += 1;
+                ingest::batch::RawMessage {
+                    decoded: None,
+                    partition: 0,
+                    offset,
+                    payload: ev.to_json(),
+                }
+            })
+            .collect();
+        let pool = pool.clone();
+        async move {
+            let decoded = ingest::batch::split(&msgs, Utc::now());
+            ingest::store::Partitions::default()
+                .ensure(&pool, decoded.firsts.iter().map(|c| &c.event))
+                .await
+                .unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            let counts = ingest::store::apply(&mut tx, decoded).await.unwrap();
+            tx.commit().await.unwrap();
+            (counts.inserted, counts.duplicates, counts.conflicts)
+        }
+    };
+    assert_eq!(commit(vec![&e[0], &e[1], &e[2]]).await, (3, 0, 0));
+    // New rows around an identical re-send and a changed one.
+    assert_eq!(commit(vec![&e[3], &e[1], &changed, &e[4]]).await, (2, 1, 1));
+    assert_eq!(commit(vec![&e[5]]).await, (1, 0, 0));
+    // The same again, all stored: nothing new.
+    assert_eq!(commit(vec![&e[5], &e[0]]).await, (0, 2, 0));
+
+    let (rows,): (i64,) = sqlx::query_as("SELECT count(*) FROM request_log")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let (requests, completion): (i64, i64) = sqlx::query_as(
+        "SELECT sum(requests)::bigint, sum(completion_tokens)::bigint FROM usage_hourly",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((rows, requests, completion), (6, 6, 21));
+    let (conflicts,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM dead_letters WHERE reason_code = 'conflict'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(conflicts, 1);
+}
