@@ -6,17 +6,20 @@
 //! the commit; the writer takes everything queued and commits it in one
 //! redb transaction (group commit), so durability costs one fsync per
 //! batch, not per request. Entries are keyed by a sequence number and
-//! deleted only after the relay's broker acknowledged them.
+//! deleted only after the relay's broker acknowledged them; deletions ride
+//! on the next durable commit instead of paying a flush of their own.
 //!
 //! The answers of requests sent with an `Idempotency-Key` are kept here
 //! too, committed in the same transaction as their usage event: a retry
 //! after a crash finds the answer if and only if the request was billed.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 /// seq → (enqueued at, unix ms) ++ event JSON.
@@ -44,6 +47,7 @@ macro_rules! storage_err {
     )*};
 }
 storage_err!(
+    redb::SetDurabilityError,
     redb::DatabaseError,
     redb::TransactionError,
     redb::TableError,
@@ -76,6 +80,8 @@ pub struct Outbox {
     /// Wakes the relay when something was committed.
     pub committed: Arc<Notify>,
     depth: Arc<AtomicU64>,
+    /// Set by a removal that is not on disk yet (see [`Outbox::remove`]).
+    unsynced_removals: Arc<AtomicBool>,
 }
 
 impl Outbox {
@@ -100,6 +106,7 @@ impl Outbox {
             appends,
             committed: committed.clone(),
             depth: depth.clone(),
+            unsynced_removals: Arc::new(AtomicBool::new(false)),
         };
         depth.store(outbox.len()?, Ordering::Relaxed);
         metrics::gauge!(DEPTH_GAUGE).set(outbox.depth() as f64);
@@ -177,12 +184,19 @@ impl Outbox {
         Ok(out)
     }
 
-    /// Deletes entries the broker acknowledged.
+    /// Deletes entries the broker acknowledged, without waiting for the
+    /// disk: the next append's commit makes the deletion durable with it
+    /// (the relay calls [`Outbox::sync_removals`] when it has nothing else
+    /// to do, and at shutdown). An fsync here would hold the single writer
+    /// lock and make the answers queued behind it wait a second flush. If
+    /// the gateway dies before then, the entries are published again and
+    /// ingest counts the re-send as a duplicate: harmless, never lost.
     pub fn remove(&self, seqs: &[u64]) -> Result<(), OutboxError> {
         if seqs.is_empty() {
             return Ok(());
         }
-        let tx = self.db.begin_write()?;
+        let mut tx = self.db.begin_write()?;
+        tx.set_durability(Durability::None)?;
         {
             let mut table = tx.open_table(EVENTS)?;
             for seq in seqs {
@@ -190,9 +204,26 @@ impl Outbox {
             }
         }
         tx.commit()?;
+        self.unsynced_removals.store(true, Ordering::Release);
         let before = self.depth.fetch_sub(seqs.len() as u64, Ordering::Relaxed);
         metrics::gauge!(DEPTH_GAUGE).set(before.saturating_sub(seqs.len() as u64) as f64);
         Ok(())
+    }
+
+    /// Makes earlier removals durable (one empty commit), if any are not.
+    pub fn sync_removals(&self) -> Result<(), OutboxError> {
+        if !self.unsynced_removals.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let synced = self
+            .db
+            .begin_write()
+            .map_err(OutboxError::from)
+            .and_then(|tx| Ok(tx.commit()?));
+        if synced.is_err() {
+            self.unsynced_removals.store(true, Ordering::Release);
+        }
+        synced
     }
 
     /// Entries waiting to be published.

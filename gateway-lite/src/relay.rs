@@ -1,7 +1,9 @@
 //! The relay: outbox → Kafka. Publishes with the idempotent producer
 //! (`enable.idempotence=true`, `acks=all`), keyed by tenant, and deletes an
 //! entry only after the broker acknowledged it. A crash between the ack and
-//! the delete re-sends; ingest's request-id dedupe makes that harmless.
+//! the delete reaching the disk (deletions are flushed with the next
+//! append, or when the relay goes quiet) re-sends; ingest's request-id
+//! dedupe makes that harmless.
 //! While Kafka is away the outbox grows and the gateway keeps serving.
 
 use std::time::Duration;
@@ -49,12 +51,17 @@ pub async fn run(
         if entries.is_empty() {
             if *stop.borrow() {
                 producer.flush(Duration::from_secs(5)).ok();
+                sync_removals(&outbox);
                 return;
             }
             tokio::select! {
                 () = outbox.committed.notified() => {}
                 _ = stop.changed() => {}
-                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                () = tokio::time::sleep(Duration::from_millis(500)) => {
+                    // Quiet for a while: put the deletions on disk now
+                    // rather than with the next append.
+                    sync_removals(&outbox);
+                }
             }
             continue;
         }
@@ -93,6 +100,7 @@ pub async fn run(
         if failed > 0 {
             counter!("gateway_relay_errors_total").increment(failed as u64);
             if *stop.borrow() {
+                sync_removals(&outbox);
                 tracing::warn!(
                     left = failed,
                     "broker unavailable at shutdown; events stay in the outbox"
@@ -104,6 +112,12 @@ pub async fn run(
         } else {
             backoff = Duration::from_millis(100);
         }
+    }
+}
+
+fn sync_removals(outbox: &Outbox) {
+    if let Err(e) = outbox.sync_removals() {
+        tracing::warn!(error = %e, "cannot flush deletions of published events; they may be re-sent");
     }
 }
 
