@@ -1,8 +1,10 @@
 //! Latency the gateway adds, side by side in one run: the same
 //! non-streaming requests sent to the in-process engine directly and
-//! through the gateway over HTTP (auth, limits, outbox fsync included; no
-//! relay, so the outbox only grows), with the engine answering at once
-//! (`ENGINE_SPEEDUP=0`).
+//! through the gateway over HTTP (auth, limits, outbox fsync included), with
+//! the engine answering at once (`ENGINE_SPEEDUP=0`). With `KAFKA_BROKERS`
+//! set (source `.stack/env`), the relay runs too, publishing to a fresh
+//! topic and deleting what the broker acknowledged, as in a deployed
+//! gateway; without it the outbox only grows.
 //!
 //! `cargo run --release -p gateway-lite --bin gateway-bench -- [rate] [seconds]`
 
@@ -49,8 +51,22 @@ async fn main() -> anyhow::Result<()> {
         gateway_id: "gw-bench".into(),
         speedup: 0,
         limiter: Limiter::default(),
-        idempotency: Idempotency::new(outbox),
+        idempotency: Idempotency::new(outbox.clone()),
         runs: tokio_util::task::TaskTracker::new(),
+    };
+    let (stop_relay, stop_rx) = tokio::sync::watch::channel(false);
+    let relay = match std::env::var("KAFKA_BROKERS") {
+        Ok(brokers) => {
+            let topic = format!("gateway-bench.{}", std::process::id());
+            create_topic(&brokers, &topic).await?;
+            Some(tokio::spawn(gateway_lite::relay::run(
+                outbox.clone(),
+                gateway_lite::relay::producer(&brokers)?,
+                topic,
+                stop_rx,
+            )))
+        }
+        Err(_) => None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -58,25 +74,26 @@ async fn main() -> anyhow::Result<()> {
     let url = format!("http://{addr}/v1/chat/completions");
     let client = reqwest::Client::new();
 
-    let direct = {
-        let engine = engine.clone();
-        fixed_rate(rate, secs, move |i| {
-            let engine = engine.clone();
-            async move {
-                engine
-                    .complete(&request(i))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
+    // Both paths in one run, interleaved request by request (even: engine
+    // directly, odd: through the gateway), so both meet the same machine:
+    // run one after the other, a noisy neighbour in either phase skews the
+    // difference.
+    let (direct, gateway) = {
+        let (engine, client, url) = (engine.clone(), client.clone(), url.clone());
+        fixed_rate(2 * rate, secs, move |i| -> BoxFuture {
+            if i % 2 == 0 {
+                let engine = engine.clone();
+                Box::pin(async move {
+                    engine
+                        .complete(&request(i))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            } else {
+                let (client, url) = (client.clone(), url.clone());
+                Box::pin(async move { post(&client, &url, i).await })
             }
-        })
-        .await
-    };
-    let gateway = {
-        let (client, url) = (client.clone(), url.clone());
-        fixed_rate(rate, secs, move |i| {
-            let (client, url) = (client.clone(), url.clone());
-            async move { post(&client, &url, i).await }
         })
         .await
     };
@@ -90,7 +107,14 @@ async fn main() -> anyhow::Result<()> {
         )
     };
     let mut out = vec![
-        format!("fixed rate {rate} req/s for {secs} s, non-streaming, ENGINE_SPEEDUP=0"),
+        format!(
+            "fixed rate {rate} req/s for {secs} s, non-streaming, ENGINE_SPEEDUP=0, relay {}",
+            if relay.is_some() {
+                "publishing"
+            } else {
+                "off (no KAFKA_BROKERS)"
+            }
+        ),
         line("engine", &direct),
         line("gateway", &gateway),
         format!(
@@ -124,9 +148,26 @@ async fn main() -> anyhow::Result<()> {
         "max sustained (64 closed-loop clients): {:.0} req/s",
         total as f64 / started.elapsed().as_secs_f64()
     ));
+    if let Some(relay) = relay {
+        let _ = stop_relay.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(10), relay).await;
+    }
     let _ = std::fs::remove_dir_all(&dir);
     let text = out.join("\n");
     eprintln!("{text}");
+    Ok(())
+}
+
+async fn create_topic(brokers: &str, topic: &str) -> anyhow::Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let new = NewTopic::new(topic, 4, TopicReplication::Fixed(1));
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for result in admin.create_topics(&[new], &options).await? {
+        result.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
+    }
     Ok(())
 }
 
@@ -161,6 +202,7 @@ async fn post(client: &reqwest::Client, url: &str, i: u64) -> Result<(), String>
     res.bytes().await.map(|_| ()).map_err(|e| e.to_string())
 }
 
+#[derive(Default)]
 struct Stats {
     ok: usize,
     errors: usize,
@@ -179,10 +221,14 @@ impl Stats {
 
 /// Sends `rate` requests a second for `secs`, each on its own task, and
 /// measures each from its scheduled start (so queueing counts).
-async fn fixed_rate<F, Fut>(rate: u64, secs: u64, f: F) -> Stats
+type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
+/// Sends `f(i)` at `rate` per second for `secs`; latency counts from the
+/// moment a request was due, so a late start is not hidden. Returns the
+/// even and the odd requests' figures.
+async fn fixed_rate<F>(rate: u64, secs: u64, f: F) -> (Stats, Stats)
 where
-    F: Fn(u64) -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>> + Send + 'static,
+    F: Fn(u64) -> BoxFuture,
 {
     let n = rate * secs;
     let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
@@ -197,20 +243,19 @@ where
             (r.is_ok(), at.elapsed().as_secs_f64() * 1000.0)
         }));
     }
-    let mut stats = Stats {
-        ok: 0,
-        errors: 0,
-        latencies_ms: Vec::with_capacity(tasks.len()),
-    };
-    for t in tasks {
+    let mut stats = [Stats::default(), Stats::default()];
+    for (i, t) in tasks.into_iter().enumerate() {
+        let s = &mut stats[i % 2];
         match t.await {
             Ok((true, ms)) => {
-                stats.ok += 1;
-                stats.latencies_ms.push(ms);
+                s.ok += 1;
+                s.latencies_ms.push(ms);
             }
-            _ => stats.errors += 1,
+            _ => s.errors += 1,
         }
     }
-    stats.latencies_ms.sort_by(f64::total_cmp);
-    stats
+    let [mut even, mut odd] = stats;
+    even.latencies_ms.sort_by(f64::total_cmp);
+    odd.latencies_ms.sort_by(f64::total_cmp);
+    (even, odd)
 }
