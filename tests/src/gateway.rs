@@ -199,3 +199,22 @@ pub async fn wait_for(stack: &TestStack, expected: &Told, gateway: &Service, ing
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// The Prometheus text a service serves at `{base}/metrics`.
+pub async fn metrics(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("/metrics text")
+}
+
+/// The gateway's `gateway_outbox_depth`, from its metrics.
+pub async fn outbox_depth(base: &str) -> u64 {
+    let text = metrics(base).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix("gateway_outbox_depth "))
+        .map(|v| v.trim().parse::<f64>().expect("depth is a number") as u64)
+        .unwrap_or_else(|| panic!("no gateway_outbox_depth in /metrics:\n{text}"))
+}

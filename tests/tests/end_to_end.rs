@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
-use tests::gateway::{wait_for, Told};
+use tests::gateway::{outbox_depth, wait_for, Told};
 use tests::process::{free_port, wait_healthy};
 use tests::{Service, TestStack};
 
@@ -358,17 +358,10 @@ async fn gateway_sigkill_loses_no_answered_event() {
     .await;
     let client = reqwest::Client::new();
     let (told, _) = send_requests(&client, &url, 4).await;
-    let metrics = client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.lines().any(|l| l == "gateway_outbox_depth 20"),
-        "all 20 events wait in the outbox:\n{metrics}"
+    assert_eq!(
+        outbox_depth(&url).await,
+        20,
+        "all 20 events wait in the outbox"
     );
     gateway.kill9().await;
 
@@ -393,7 +386,7 @@ async fn gateway_sigkill_loses_no_answered_event() {
     // durable commit), so the restarted relay may publish some again.
     // Ingest must still count each request once.
     let (more, _) = send_requests(&client, &url, 4).await;
-    wait_outbox_drained(&client, &url).await;
+    wait_outbox_drained(&url).await;
     gateway.kill9().await;
     gateway.restart_with(&[("KAFKA_BROKERS", &stack.brokers)]);
     wait_healthy(
@@ -409,29 +402,18 @@ async fn gateway_sigkill_loses_no_answered_event() {
     }
     wait_for(&stack, &told, &gateway, &ingest).await;
     // And it stays so once whatever the restarted relay re-sent is in.
-    wait_outbox_drained(&client, &url).await;
+    wait_outbox_drained(&url).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(tests::gateway::hourly(&stack).await, told);
 }
 
 /// Waits until the gateway's relay has published everything in its outbox.
-async fn wait_outbox_drained(client: &reqwest::Client, url: &str) {
+async fn wait_outbox_drained(url: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let metrics = client
-            .get(format!("{url}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        if metrics.lines().any(|l| l == "gateway_outbox_depth 0") {
-            return;
-        }
+    while outbox_depth(url).await > 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the outbox never drained:\n{metrics}"
+            "the outbox never drained"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tests::gateway::{seed_tenant, start_gateway, start_ingest, wait_for, Told};
+use tests::gateway::{outbox_depth, seed_tenant, start_gateway, start_ingest, wait_for, Told};
 use tests::TestStack;
 
 const TENANTS: [&str; 5] = [
@@ -116,21 +116,6 @@ async fn client_loop(
     }
 }
 
-async fn outbox_depth(client: &reqwest::Client, url: &str) -> u64 {
-    let text = client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("gateway_outbox_depth "))
-        .map(|v| v.trim().parse::<f64>().expect("depth is a number") as u64)
-        .unwrap_or_else(|| panic!("no gateway_outbox_depth in /metrics:\n{text}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_down_during_traffic_loses_nothing() {
     let stack = TestStack::new("kafkaout").await;
@@ -139,7 +124,6 @@ async fn kafka_down_during_traffic_loses_nothing() {
     }
     let (gateway, url) = start_gateway(&stack, 0).await;
     let ingest = start_ingest(&stack);
-    let client = reqwest::Client::new();
 
     // Five clients, ~10 requests a second each, for ~10 s.
     let stop = Arc::new(AtomicBool::new(false));
@@ -166,11 +150,11 @@ async fn kafka_down_during_traffic_loses_nothing() {
     let outage = BrokerOutage::begin();
     // Let whatever was acknowledged before the stop be deleted from the outbox.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let depth_start = outbox_depth(&client, &url).await;
+    let depth_start = outbox_depth(&url).await;
     let answered_start = answered.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs(4)).await;
     let answered_end = answered.load(Ordering::Relaxed);
-    let depth_end = outbox_depth(&client, &url).await;
+    let depth_end = outbox_depth(&url).await;
     let during = answered_end - answered_start;
     assert!(
         during >= 50,
@@ -219,7 +203,7 @@ async fn kafka_down_during_traffic_loses_nothing() {
     assert_eq!(rows as usize, ids.len());
     // And the outbox drains by itself.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while outbox_depth(&client, &url).await > 0 {
+    while outbox_depth(&url).await > 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "outbox never drained:\n{}",

@@ -171,14 +171,7 @@ async fn each_limit_trips_with_its_type_and_headers_and_rejections_are_not_bille
     let res = send("sk-test-conc", body(5, false)).await.unwrap();
     assert_eq!(res.status(), 200);
 
-    let metrics = client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = tests::gateway::metrics(&url).await;
     for reason in ["requests", "tokens", "concurrency"] {
         assert!(
             metrics

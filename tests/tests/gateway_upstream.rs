@@ -27,10 +27,6 @@ fn sample(metrics: &str, name: &str, label: &str) -> Option<Decimal> {
         .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
-async fn scrape(url: &str) -> String {
-    reqwest::get(url).await.unwrap().text().await.unwrap()
-}
-
 /// (finish_reason, completion_tokens, gpu_seconds, replica_id) by request id.
 async fn events(stack: &TestStack, model: &str) -> HashMap<String, (String, i64, Decimal, String)> {
     let rows: Vec<(uuid::Uuid, String, i64, Decimal, String)> = sqlx::query_as(
@@ -197,7 +193,7 @@ async fn http_upstream_usage_and_gpu_time_add_up() {
 
     // Derived: the requests' shares add up to the replica's busy GPU time,
     // exactly, as the gateway's ledger measured it.
-    let metrics = scrape(&format!("{url}/metrics")).await;
+    let metrics = tests::gateway::metrics(&url).await;
     let busy = sample(
         &metrics,
         "gateway_upstream_busy_gpu_microseconds_total",
@@ -220,7 +216,7 @@ async fn http_upstream_usage_and_gpu_time_add_up() {
     // Reported: the engine's own attribution passes through unchanged, so
     // the requests on that replica (none cancelled) add up to its busy GPU time.
     assert!(!reported.is_empty());
-    let engine_metrics = scrape(&format!("{engine_url}/metrics")).await;
+    let engine_metrics = tests::gateway::metrics(&engine_url).await;
     let busy = sample(
         &engine_metrics,
         "meterline_engine_busy_gpu_seconds_total",

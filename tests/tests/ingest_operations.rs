@@ -41,15 +41,44 @@ fn event(tenant: &str, n: i64) -> UsageEvent {
     }
 }
 
-async fn add_tenant(stack: &TestStack, tenant: &str) {
+async fn add_tenant(pool: &sqlx::PgPool, tenant: &str) {
     sqlx::query(
         "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
          VALUES ($1, $1, 'standard', 3, 'per_token')",
     )
     .bind(tenant)
-    .execute(&stack.pool)
+    .execute(pool)
     .await
     .unwrap();
+}
+
+/// Messages of partition 0 at offsets `first..`.
+fn messages(first: i64, payloads: Vec<Vec<u8>>) -> Vec<ingest::batch::RawMessage> {
+    (first..)
+        .zip(payloads)
+        .map(|(offset, payload)| ingest::batch::RawMessage {
+            decoded: None,
+            partition: 0,
+            offset,
+            payload,
+        })
+        .collect()
+}
+
+/// What ingest's batch transaction does with `msgs`, committed.
+async fn apply_batch(
+    pool: &sqlx::PgPool,
+    msgs: &[ingest::batch::RawMessage],
+) -> ingest::store::Counts {
+    let decoded = ingest::batch::split(msgs, Utc::now());
+    ingest::store::Partitions::default()
+        .ensure(pool, decoded.firsts.iter().map(|c| &c.event))
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let counts = ingest::store::apply(&mut tx, decoded).await.unwrap();
+    tx.commit().await.unwrap();
+    counts
 }
 
 async fn count(stack: &TestStack, sql: &str) -> i64 {
@@ -87,7 +116,7 @@ fn ingest(stack: &TestStack, extra: &[(&str, &str)]) -> Service {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_commits_the_batch_in_memory() {
     let stack = TestStack::new("sigterm").await;
-    add_tenant(&stack, "acme-corp").await;
+    add_tenant(&stack.pool, "acme-corp").await;
     // A batch that would only be flushed after a minute: only a graceful
     // shutdown can commit it in time.
     let mut svc = ingest(
@@ -160,7 +189,7 @@ async fn bad_configuration_exits_non_zero_naming_the_setting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_each_outcome() {
     let stack = TestStack::new("metrics").await;
-    add_tenant(&stack, "acme-corp").await;
+    add_tenant(&stack.pool, "acme-corp").await;
     let port = free_port();
     let svc = ingest(
         &stack,
@@ -208,40 +237,12 @@ async fn metrics_count_each_outcome() {
 async fn dead_letters_are_redriven_exactly_once_after_the_fix() {
     let (_, pool) = tests::stack::fresh_database("redrive").await;
     // Five events for a tenant nobody has created yet, and one that is broken for good.
-    let events: Vec<UsageEvent> = (1..=5).map(|n| event("late-corp", n)).collect();
-    let mut msgs: Vec<ingest::batch::RawMessage> = events
-        .iter()
-        .enumerate()
-        .map(|(i, e)| ingest::batch::RawMessage {
-            decoded: None,
-            partition: 0,
-            offset: i as i64,
-            payload: e.to_json(),
-        })
-        .collect();
-    msgs.push(ingest::batch::RawMessage {
-        decoded: None,
-        partition: 0,
-        offset: 99,
-        payload: b"{broken".to_vec(),
-    });
-    let decoded = ingest::batch::split(&msgs, Utc::now());
-    ingest::store::Partitions::default()
-        .ensure(&pool, decoded.firsts.iter().map(|c| &c.event))
-        .await
-        .unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    let counts = ingest::store::apply(&mut tx, decoded).await.unwrap();
-    tx.commit().await.unwrap();
+    let mut payloads: Vec<Vec<u8>> = (1..=5).map(|n| event("late-corp", n).to_json()).collect();
+    payloads.push(b"{broken".to_vec());
+    let counts = apply_batch(&pool, &messages(0, payloads)).await;
     assert_eq!((counts.inserted, counts.dead_lettered), (0, 6));
 
-    sqlx::query(
-        "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
-         VALUES ('late-corp', 'Late', 'standard', 3, 'per_token')",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    add_tenant(&pool, "late-corp").await;
     // Two operators re-drive at the same moment.
     let (a, b) = tokio::join!(
         ingest::dead_letters::redrive(&pool, None),
@@ -274,42 +275,19 @@ async fn dead_letters_are_redriven_exactly_once_after_the_fix() {
 #[tokio::test]
 async fn poison_bytes_are_dead_lettered_without_failing_the_batch() {
     let (_, pool) = tests::stack::fresh_database("poison").await;
-    sqlx::query(
-        "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
-         VALUES ('acme-corp', 'Acme', 'standard', 3, 'per_token')",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    add_tenant(&pool, "acme-corp").await;
     let good = event("acme-corp", 1);
     let mut nul_tenant = serde_json::to_value(event("acme-corp", 2)).unwrap();
     nul_tenant["tenant_id"] = "acme\u{0}corp".into();
     let mut nul_reason = serde_json::to_value(event("acme-corp", 3)).unwrap();
     nul_reason["finish_reason"] = "st\u{0}op".into();
-    let payloads = [
+    let payloads = vec![
         good.to_json(),
         serde_json::to_vec(&nul_tenant).unwrap(),
         serde_json::to_vec(&nul_reason).unwrap(),
         vec![0u8, 0, 0],
     ];
-    let msgs: Vec<ingest::batch::RawMessage> = payloads
-        .iter()
-        .enumerate()
-        .map(|(i, p)| ingest::batch::RawMessage {
-            decoded: None,
-            partition: 0,
-            offset: i as i64,
-            payload: p.clone(),
-        })
-        .collect();
-    let decoded = ingest::batch::split(&msgs, Utc::now());
-    ingest::store::Partitions::default()
-        .ensure(&pool, decoded.firsts.iter().map(|c| &c.event))
-        .await
-        .unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    let counts = ingest::store::apply(&mut tx, decoded).await.unwrap();
-    tx.commit().await.unwrap();
+    let counts = apply_batch(&pool, &messages(0, payloads)).await;
     assert_eq!((counts.inserted, counts.dead_lettered), (1, 3));
     let codes: Vec<(String,)> =
         sqlx::query_as("SELECT reason_code FROM dead_letters ORDER BY kafka_offset")
@@ -326,40 +304,17 @@ async fn poison_bytes_are_dead_lettered_without_failing_the_batch() {
 #[tokio::test]
 async fn a_batch_meeting_stored_ids_counts_only_the_new_rows() {
     let (_, pool) = tests::stack::fresh_database("resend_fallback").await;
-    sqlx::query(
-        "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
-         VALUES ('acme-corp', 'Acme', 'standard', 3, 'per_token')",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    add_tenant(&pool, "acme-corp").await;
     let e: Vec<UsageEvent> = (1..=6).map(|n| event("acme-corp", n)).collect();
     let mut changed = e[2].clone();
     changed.completion_tokens += 100;
     let mut offset = 0i64;
     let mut commit = |batch: Vec<&UsageEvent>| {
-        let msgs: Vec<ingest::batch::RawMessage> = batch
-            .iter()
-            .map(|ev| {
-                offset += 1;
-                ingest::batch::RawMessage {
-                    decoded: None,
-                    partition: 0,
-                    offset,
-                    payload: ev.to_json(),
-                }
-            })
-            .collect();
+        let msgs = messages(offset, batch.iter().map(|ev| ev.to_json()).collect());
+        offset += msgs.len() as i64;
         let pool = pool.clone();
         async move {
-            let decoded = ingest::batch::split(&msgs, Utc::now());
-            ingest::store::Partitions::default()
-                .ensure(&pool, decoded.firsts.iter().map(|c| &c.event))
-                .await
-                .unwrap();
-            let mut tx = pool.begin().await.unwrap();
-            let counts = ingest::store::apply(&mut tx, decoded).await.unwrap();
-            tx.commit().await.unwrap();
+            let counts = apply_batch(&pool, &msgs).await;
             (counts.inserted, counts.duplicates, counts.conflicts)
         }
     };
