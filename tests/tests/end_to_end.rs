@@ -363,15 +363,7 @@ async fn gateway_sigkill_loses_no_answered_event() {
         20,
         "all 20 events wait in the outbox"
     );
-    gateway.kill9().await;
-
-    gateway.restart_with(&[("KAFKA_BROKERS", &stack.brokers)]);
-    wait_healthy(
-        &format!("{url}/healthz"),
-        &mut gateway,
-        Duration::from_secs(60),
-    )
-    .await;
+    kill_and_restart(&mut gateway, &url, &stack.brokers).await;
     let mut ingest_env = stack.env();
     ingest_env.insert(
         "INGEST_METRICS_ADDR".into(),
@@ -387,14 +379,7 @@ async fn gateway_sigkill_loses_no_answered_event() {
     // Ingest must still count each request once.
     let (more, _) = send_requests(&client, &url, 4).await;
     wait_outbox_drained(&url).await;
-    gateway.kill9().await;
-    gateway.restart_with(&[("KAFKA_BROKERS", &stack.brokers)]);
-    wait_healthy(
-        &format!("{url}/healthz"),
-        &mut gateway,
-        Duration::from_secs(60),
-    )
-    .await;
+    kill_and_restart(&mut gateway, &url, &stack.brokers).await;
     let mut told = told;
     for (tenant, (r, p, c, o)) in more {
         let t = told.entry(tenant).or_default();
@@ -405,6 +390,13 @@ async fn gateway_sigkill_loses_no_answered_event() {
     wait_outbox_drained(&url).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(tests::gateway::hourly(&stack).await, told);
+}
+
+/// SIGKILLs the gateway and starts it again, now with the broker.
+async fn kill_and_restart(gateway: &mut Service, url: &str, brokers: &str) {
+    gateway.kill9().await;
+    gateway.restart_with(&[("KAFKA_BROKERS", brokers)]);
+    wait_healthy(&format!("{url}/healthz"), gateway, Duration::from_secs(60)).await;
 }
 
 /// Waits until the gateway's relay has published everything in its outbox.
