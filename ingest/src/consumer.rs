@@ -215,6 +215,11 @@ impl ConsumerThread {
             .set("heartbeat.interval.ms", "1000")
             .set("statistics.interval.ms", "1000")
             .set("fetch.wait.max.ms", "50")
+            // 8 MiB per partition per fetch, not librdkafka's 1 MiB: the
+            // broker pays per fetch request (this one, Nisshi, a Postgres
+            // query), so fewer, larger fetches are ~12% more events/s in
+            // ingest-bench for ~30 MiB more resident memory.
+            .set("max.partition.fetch.bytes", "8388608")
             .create_with_context(context)?;
         consumer.subscribe(&[settings.key.topic.as_str()])?;
         let thread_stop = stop.clone();
