@@ -91,6 +91,21 @@ struct Args {
     database_url: String,
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     kafka_brokers: String,
+    /// How the bulk events' times (and so their request ids) are ordered.
+    #[arg(long, value_enum, default_value_t = Order::Arrival)]
+    order: Order,
+}
+
+/// The order of the bulk events' request ids on the topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Order {
+    /// As a gateway emits them: spread evenly over the last 4 hours, each
+    /// started up to 20 s before its place in the stream (requests of
+    /// different lengths finish out of order), so ids arrive almost sorted.
+    Arrival,
+    /// Each at a random time in the last 4 hours (a pessimistic order: every
+    /// insert lands at a random place in the primary key).
+    Random,
 }
 
 /// Ingest's own settings as it would read them from this environment.
@@ -139,8 +154,12 @@ async fn run(args: &Args, url: &str, suffix: &str, rng: &mut StdRng) -> Result<(
     create_topic(&args.kafka_brokers, &topic).await?;
     let now_ms = Utc::now().timestamp_millis();
     let mut events = Vec::with_capacity(n);
+    const SPAN_MS: i64 = 4 * 3_600_000;
     for i in 0..n {
-        let ago = rng.random_range(60_000..4 * 3_600_000);
+        let ago = match args.order {
+            Order::Arrival => SPAN_MS - SPAN_MS * i as i64 / n as i64 + rng.random_range(0..20_000),
+            Order::Random => rng.random_range(60_000..SPAN_MS),
+        };
         events.push(event(rng, i, millis(now_ms - ago)?));
     }
     let hashes: Vec<[u8; 32]> = events.iter().map(UsageEvent::content_hash).collect();
@@ -245,9 +264,11 @@ fn report(args: &Args, r: &Measured) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
     let (max_batch, linger_ms) = (args.max_batch.unwrap_or(0), args.linger_ms.unwrap_or(0));
     let load = r.load.split_whitespace().next().unwrap_or("?");
+    let order = args.order;
     println!(
         r#"
 == ingest benchmark: {n} events, {PARTITIONS} partitions, {cores} cores (nproc), load {load} at start
+   request ids in {order:?} order (--order)
    ingest: INGEST_MAX_BATCH={max_batch}, INGEST_LINGER_MS={linger_ms}
    produce (idempotent, acks=all, lz4, linger 5 ms): {produce_r:.0} events/s (informational)
 
