@@ -50,7 +50,7 @@ type PgQuery<'q> = Query<'q, Postgres, PgArguments>;
 /// Postgres' unique_violation.
 const UNIQUE_VIOLATION: &str = "23505";
 
-const COLUMNS: &str = "INSERT INTO request_log (request_id, tenant_id, api_key_id, model,
+const INSERT_ROWS: &str = "INSERT INTO request_log (request_id, tenant_id, api_key_id, model,
      model_version, priority, started_at, first_token_at, finished_at, prompt_tokens,
      cached_tokens, completion_tokens, gpu_seconds, preempted_gpu_seconds, finish_reason,
      ttft_ms, tpot_ms, replica_id, gateway_id, stream, content_hash, kafka_partition,
@@ -74,7 +74,11 @@ pub(crate) async fn insert_request_rows(
         sqlx::query("SAVEPOINT plain_insert")
             .execute(&mut *conn)
             .await?;
-        match cols.bind(sqlx::query(COLUMNS)).execute(&mut *conn).await {
+        match cols
+            .bind(sqlx::query(INSERT_ROWS))
+            .execute(&mut *conn)
+            .await
+        {
             Ok(_) => {
                 sqlx::query("RELEASE SAVEPOINT plain_insert")
                     .execute(&mut *conn)
@@ -89,7 +93,7 @@ pub(crate) async fn insert_request_rows(
             Err(e) => return Err(e),
         }
     }
-    let careful = format!("{COLUMNS} ON CONFLICT (request_id) DO NOTHING RETURNING request_id");
+    let careful = format!("{INSERT_ROWS} ON CONFLICT (request_id) DO NOTHING RETURNING request_id");
     let ids = cols
         .bind(sqlx::query(&careful))
         .fetch_all(conn)
@@ -142,7 +146,7 @@ impl<'a> RequestColumns<'a> {
         cols
     }
 
-    /// Binds the columns as `$1` … `$23`, in [`COLUMNS`]' order.
+    /// Binds the columns as `$1` … `$23`, in [`INSERT_ROWS`]' order.
     fn bind<'q>(&'q self, q: PgQuery<'q>) -> PgQuery<'q> {
         q.bind(&self.request_id[..])
             .bind(&self.tenant_id[..])
