@@ -51,12 +51,20 @@ pub struct GatewayConfig {
     /// Burst above the global rate.
     #[arg(long, env = "GATEWAY_GLOBAL_BURST", default_value_t = 60)]
     pub global_burst: u32,
+    /// Longest a request may run, in seconds of wall time, before the
+    /// gateway stops it (504 or an error chunk; billed for what it used).
+    #[arg(long, env = "GATEWAY_REQUEST_TIMEOUT_SECS", default_value_t = 600)]
+    pub request_timeout_secs: u64,
     /// Simulated engine speed: 1 = real time, N = N times faster, 0 = no waiting.
     #[arg(long, env = "ENGINE_SPEEDUP", default_value_t = 1)]
     pub engine_speedup: u32,
 }
 
 impl GatewayConfig {
+    pub fn request_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.request_timeout_secs)
+    }
+
     /// The gateway-wide request rate, if any.
     pub fn global_rate(&self) -> Option<crate::limits::RequestRate> {
         (self.global_rps > 0).then_some(crate::limits::RequestRate {
@@ -81,6 +89,12 @@ impl GatewayConfig {
             return Err(GatewayError::Config(
                 "GATEWAY_GLOBAL_BURST must be at least 1 when GATEWAY_GLOBAL_RPS is set".into(),
             ));
+        }
+        if !(1..=86_400).contains(&self.request_timeout_secs) {
+            return Err(GatewayError::Config(format!(
+                "GATEWAY_REQUEST_TIMEOUT_SECS must be between 1 and 86400, got {}",
+                self.request_timeout_secs
+            )));
         }
         if self.kafka_brokers.trim().is_empty() {
             return Err(GatewayError::Config("KAFKA_BROKERS is empty".into()));

@@ -45,6 +45,12 @@ pub enum GatewayError {
     /// Over a per-key or per-tenant limit (429, never mixed up with 503).
     #[error("{}", .0.message)]
     RateLimited(crate::limits::Rejected),
+    /// The request ran past GATEWAY_REQUEST_TIMEOUT_SECS (504).
+    #[error(
+        "the request did not finish within {} s (GATEWAY_REQUEST_TIMEOUT_SECS); it was stopped and billed for the tokens it produced",
+        .0.as_secs()
+    )]
+    Timeout(std::time::Duration),
     #[error("a request with this Idempotency-Key is still in progress; retry after it finished")]
     IdempotencyInFlight,
     #[error("this Idempotency-Key was already used with a different request body")]
@@ -62,6 +68,7 @@ impl GatewayError {
             Self::IdempotencyInFlight => StatusCode::CONFLICT,
             Self::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
+            Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Config(_)
             | Self::Database(_)
             | Self::Kafka(_)
@@ -80,6 +87,7 @@ impl GatewayError {
             Self::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
             Self::Outbox(_) => ("server_error", Some("usage_not_recorded")),
             Self::NoCapacity(_) => ("server_error", Some("no_capacity")),
+            Self::Timeout(_) => ("timeout", Some("request_timeout")),
             Self::RateLimited(r) => (r.limit.as_str(), Some("rate_limit_exceeded")),
             Self::IdempotencyInFlight => ("invalid_request_error", Some("idempotency_key_in_use")),
             Self::IdempotencyMismatch => ("invalid_request_error", Some("idempotency_key_reused")),
@@ -93,24 +101,40 @@ impl GatewayError {
     }
 }
 
-impl IntoResponse for GatewayError {
-    fn into_response(self) -> Response {
-        let status = self.status_code();
+impl GatewayError {
+    /// Whether the client is told only that something failed (the details
+    /// are for the log).
+    fn hidden(&self) -> bool {
+        self.status_code().is_server_error()
+            && !matches!(
+                self,
+                Self::Outbox(_) | Self::NoCapacity(_) | Self::Timeout(_)
+            )
+    }
+
+    /// OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`,
+    /// as a response body or as the last chunk of a stream.
+    pub fn openai_body(&self) -> serde_json::Value {
         let (kind, code) = self.kind();
-        let message =
-            if status.is_server_error() && !matches!(self, Self::Outbox(_) | Self::NoCapacity(_)) {
-                tracing::error!(error = %self, "request failed");
-                "the server had an error while processing your request".to_owned()
-            } else {
-                self.to_string()
-            };
-        let param = match &self {
+        let message = if self.hidden() {
+            "the server had an error while processing your request".to_owned()
+        } else {
+            self.to_string()
+        };
+        let param = match self {
             Self::InvalidParam { param, .. } => Some(*param),
             _ => None,
         };
-        let body =
-            json!({"error": {"message": message, "type": kind, "param": param, "code": code}});
-        let mut res = (status, Json(body)).into_response();
+        json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        if self.hidden() {
+            tracing::error!(error = %self, "request failed");
+        }
+        let mut res = (self.status_code(), Json(self.openai_body())).into_response();
         let retry_after = match &self {
             Self::NoCapacity(detail) => {
                 tracing::warn!(detail = %detail, "engine has no capacity");

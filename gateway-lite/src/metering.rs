@@ -15,13 +15,18 @@
 //!   its KV) and writes a `cancelled` event with the tokens produced. On
 //!   completion the event is durable in the outbox before the final chunks
 //!   and `data: [DONE]` are sent.
+//!
+//! A request still running after GATEWAY_REQUEST_TIMEOUT_SECS is stopped the
+//! same way (cancelled at the engine) and billed as an `error` with what it
+//! used; the client gets a 504, or, mid-stream, an error chunk and
+//! `data: [DONE]`.
 
 use std::time::Instant;
 
 use axum::body::Bytes;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use engine::upstream::{Generation, ModelInfo};
-use engine::{Completion, Piece};
+use engine::{Completion, EngineError, Piece};
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -44,6 +49,16 @@ pub struct Run {
     pub prompt_tokens: u64,
     pub permit: Permit,
     pub idempotency: Option<Guard>,
+}
+
+/// How waiting on a generation ended.
+enum Ended {
+    Done(Completion),
+    Failed(EngineError),
+    /// The client went away.
+    ClientGone,
+    /// GATEWAY_REQUEST_TIMEOUT_SECS passed.
+    TimedOut,
 }
 
 /// How a request that did not complete ended.
@@ -70,21 +85,24 @@ impl Run {
         mut generation: Generation,
         mut reply: oneshot::Sender<Result<Bytes, GatewayError>>,
     ) {
+        let deadline = tokio::time::sleep(self.state.request_timeout);
+        tokio::pin!(deadline);
         let ended = loop {
             let piece = tokio::select! {
                 biased;
-                () = reply.closed() => break None,
+                () = reply.closed() => break Ended::ClientGone,
+                () = &mut deadline => break Ended::TimedOut,
                 piece = generation.next() => piece,
             };
             match piece {
-                Ok(Piece::Done(done)) => break Some(Ok(done)),
+                Ok(Piece::Done(done)) => break Ended::Done(done),
                 Ok(Piece::Token(_)) => {}
-                Err(e) => break Some(Err(e)),
+                Err(e) => break Ended::Failed(e),
             }
         };
         let done = match ended {
-            Some(Ok(done)) => done,
-            Some(Err(e)) => {
+            Ended::Done(done) => done,
+            Ended::Failed(e) => {
                 let partial = Partial {
                     produced: 0,
                     first_token_at: None,
@@ -98,15 +116,26 @@ impl Run {
                 let _ = reply.send(answer);
                 return;
             }
-            None => {
+            stopped @ (Ended::ClientGone | Ended::TimedOut) => {
+                // Stop it at the engine (frees its KV); it says what the
+                // request used, which is what is billed.
+                let timed_out = matches!(stopped, Ended::TimedOut);
                 let used = generation.cancel().await.ok();
                 let partial = Partial {
                     produced: used.as_ref().map_or(0, |c| c.completion_tokens),
                     first_token_at: None,
-                    reason: FinishReason::Cancelled,
+                    reason: if timed_out {
+                        FinishReason::Error
+                    } else {
+                        FinishReason::Cancelled
+                    },
                     used,
                 };
-                if let Err(e) = self.record(self.partial_event(partial, false)).await {
+                let recorded = self.record(self.partial_event(partial, false)).await;
+                if timed_out {
+                    let timeout = GatewayError::Timeout(self.state.request_timeout);
+                    let _ = reply.send(Err(recorded.err().unwrap_or(timeout)));
+                } else if let Err(e) = recorded {
                     tracing::error!(error = %e, "usage of a cancelled request was not recorded");
                 }
                 return;
@@ -163,10 +192,13 @@ impl Run {
         let mut transcript = self.idempotency.as_ref().map(|_| Vec::<u8>::new());
         let mut produced = 0u64;
         let mut first_token_at = None;
+        let deadline = tokio::time::sleep(self.state.request_timeout);
+        tokio::pin!(deadline);
         let ended = loop {
             let piece = tokio::select! {
                 biased;
-                () = tx.closed() => break None,
+                () = tx.closed() => break Ended::ClientGone,
+                () = &mut deadline => break Ended::TimedOut,
                 piece = generation.next() => piece,
             };
             match piece {
@@ -185,45 +217,61 @@ impl Run {
                         t.extend_from_slice(&frame);
                     }
                     if tx.send(frame).await.is_err() {
-                        break None;
+                        break Ended::ClientGone;
                     }
                 }
-                Ok(Piece::Done(done)) => break Some(Ok(done)),
-                Err(e) => break Some(Err(e)),
+                Ok(Piece::Done(done)) => break Ended::Done(done),
+                Err(e) => break Ended::Failed(e),
             }
         };
-        let done = match ended {
-            Some(Ok(done)) => done,
-            None | Some(Err(_)) => {
-                let reason = if ended.is_none() {
-                    FinishReason::Cancelled
-                } else {
-                    FinishReason::Error
-                };
-                // Cancel at the engine first (frees its KV); it says what
-                // the request used. The client is billed the tokens it was sent.
-                let used = generation.cancel().await.ok();
-                let partial = Partial {
-                    produced,
-                    first_token_at,
-                    reason,
-                    used,
-                };
-                let event = self.partial_event(partial, true);
-                if let Some(Err(e)) = &ended {
-                    tracing::error!(error = %e, "stream failed");
-                }
-                let recorded = self.record(event).await;
-                if let Err(e) = recorded {
-                    tracing::error!(error = %e, "usage of a stream that did not complete was not recorded");
-                }
-                if ended.is_some() {
-                    let _ = tx.send(sse(&stream_error().to_string())).await;
-                    let _ = tx.send(sse("[DONE]")).await;
-                }
-                return;
+        let (reason, told) = match ended {
+            Ended::Done(done) => {
+                return self
+                    .finish_stream(done, chunk, include_usage, transcript, tx)
+                    .await
+            }
+            Ended::ClientGone => (FinishReason::Cancelled, None),
+            Ended::TimedOut => (
+                FinishReason::Error,
+                Some(GatewayError::Timeout(self.state.request_timeout)),
+            ),
+            Ended::Failed(e) => {
+                tracing::error!(error = %e, "stream failed");
+                (
+                    FinishReason::Error,
+                    Some(GatewayError::Engine(e.to_string())),
+                )
             }
         };
+        // Cancel at the engine first (frees its KV); it says what the
+        // request used. The client is billed the tokens it was sent.
+        let used = generation.cancel().await.ok();
+        let partial = Partial {
+            produced,
+            first_token_at,
+            reason,
+            used,
+        };
+        let event = self.partial_event(partial, true);
+        if let Err(e) = self.record(event).await {
+            tracing::error!(error = %e, "usage of a stream that did not complete was not recorded");
+        }
+        if let Some(told) = told {
+            let _ = tx.send(sse(&told.openai_body().to_string())).await;
+            let _ = tx.send(sse("[DONE]")).await;
+        }
+    }
+
+    /// The end of a completed stream: the event durable (with the answer to
+    /// replay) before the last chunks and `data: [DONE]` are sent.
+    async fn finish_stream(
+        mut self,
+        done: Completion,
+        chunk: impl Fn(Value, Option<Value>) -> Bytes,
+        include_usage: bool,
+        transcript: Option<Vec<u8>>,
+        tx: mpsc::Sender<Bytes>,
+    ) {
         let mut tail = vec![chunk(
             json!([{"index": 0, "delta": {}, "finish_reason": finish_reason(&done).as_str()}]),
             None,
@@ -240,12 +288,10 @@ impl Run {
                 body: Bytes::from(t),
             }
         });
-        // Durable (with the answer to replay) before the client hears the
-        // stream is over.
         let event = self.completed_event(&done, true);
         if let Err(e) = self.record_answered(event, answer.as_ref()).await {
             tracing::error!(error = %e, "usage of a stream was not recorded");
-            let _ = tx.send(sse(&stream_error().to_string())).await;
+            let _ = tx.send(sse(&e.openai_body().to_string())).await;
             let _ = tx.send(sse("[DONE]")).await;
             return;
         }
@@ -384,10 +430,6 @@ fn usage(done: &Completion) -> Value {
         "total_tokens": done.prompt_tokens + done.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
     })
-}
-
-fn stream_error() -> Value {
-    json!({"error": {"message": "the server had an error while processing your request", "type": "server_error", "param": null, "code": null}})
 }
 
 /// One SSE frame.

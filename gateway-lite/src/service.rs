@@ -36,6 +36,8 @@ pub struct AppState {
     pub outbox: Outbox,
     pub gateway_id: String,
     pub speedup: u32,
+    /// Longest a request may run before it is stopped and billed as an error.
+    pub request_timeout: Duration,
     pub limiter: Limiter,
     pub idempotency: Idempotency,
     /// Every admitted request's task, so shutdown waits until each one has
@@ -133,6 +135,7 @@ pub async fn run(
         outbox: outbox.clone(),
         gateway_id: config.gateway_id.clone(),
         speedup: config.engine_speedup,
+        request_timeout: config.request_timeout(),
         limiter: Limiter::new(config.global_rate()),
         idempotency: Idempotency::new(outbox.clone()),
         runs: TaskTracker::new(),

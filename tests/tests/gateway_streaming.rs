@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use serde_json::json;
-use tests::gateway::{chunks, read_sse, seed_tenant, start_gateway, start_ingest, wait_for_log};
+use tests::gateway::{
+    chunks, read_sse, seed_tenant, start_gateway, start_gateway_with, start_ingest, wait_for_log,
+};
 use tests::TestStack;
 
 const KEY: &str = "sk-test-stream-0001";
@@ -155,4 +157,91 @@ async fn sigterm_lets_admitted_streams_finish_and_their_events_reach_the_broker(
     assert!(status.success(), "{status:?}\n{}", gateway.log_tail());
     let rows = wait_for_log(&stack, "leaver", 1, &[&gateway, &ingest]).await;
     assert_eq!(rows[&id].2, streamed);
+}
+
+/// A request still running after GATEWAY_REQUEST_TIMEOUT_SECS is stopped at
+/// the engine and billed once, as an error, for what it used: a 504 in
+/// OpenAI's error shape, or mid-stream an error chunk and `[DONE]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_timeout_are_stopped_and_billed_as_errors() {
+    let stack = TestStack::new("gwtimeout").await;
+    seed_tenant(&stack, "slowpoke", KEY, Default::default()).await;
+    // Real-time pacing: a 600-token 70B answer takes several seconds.
+    let (gateway, url) =
+        start_gateway_with(&stack, 1, &[("GATEWAY_REQUEST_TIMEOUT_SECS", "1".into())]).await;
+    let ingest = start_ingest(&stack);
+    let client = reqwest::Client::new();
+    let chat = format!("{url}/v1/chat/completions");
+    let body = |stream: bool| {
+        json!({
+            "model": "llama-3.1-70b",
+            "messages": [{"role": "user", "content": "write me a very long essay"}],
+            "max_tokens": 600,
+            "seed": 7,
+            "stream": stream,
+        })
+    };
+
+    let started = std::time::Instant::now();
+    let res = client
+        .post(&chat)
+        .bearer_auth(KEY)
+        .json(&body(false))
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(res.status(), 504);
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(10),
+        "stopped at the deadline, took {took:?}"
+    );
+    let plain_id = res.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let err: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(err["error"]["type"], "timeout", "{err}");
+    assert_eq!(err["error"]["code"], "request_timeout", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("GATEWAY_REQUEST_TIMEOUT_SECS"),
+        "{err}"
+    );
+
+    let mut res = client
+        .post(&chat)
+        .bearer_auth(KEY)
+        .json(&body(true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let stream_id = res.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let frames = read_sse(&mut res, 10_000).await;
+    assert_eq!(frames.last().map(String::as_str), Some("[DONE]"));
+    let parsed = chunks(&frames);
+    let (last, tokens) = parsed.split_last().unwrap();
+    assert_eq!(last["error"]["code"], "request_timeout", "{last}");
+    let streamed = tokens
+        .iter()
+        .filter(|c| c["choices"][0]["delta"]["content"].is_string())
+        .count() as i64;
+    assert!(streamed > 0, "tokens came before the deadline");
+
+    let rows = wait_for_log(&stack, "slowpoke", 2, &[&gateway, &ingest]).await;
+    let (reason, _, completion, stream) = &rows[&plain_id];
+    assert_eq!((reason.as_str(), *stream), ("error", false));
+    assert!(
+        (1..600).contains(completion),
+        "what the engine produced before it was stopped, got {completion}"
+    );
+    let (reason, _, completion, stream) = &rows[&stream_id];
+    assert_eq!((reason.as_str(), *stream), ("error", true));
+    assert_eq!(*completion, streamed, "billed == streamed");
+    let (gpu,): (rust_decimal::Decimal,) =
+        sqlx::query_as("SELECT min(gpu_seconds) FROM request_log WHERE tenant_id = 'slowpoke'")
+            .fetch_one(&stack.pool)
+            .await
+            .unwrap();
+    assert!(gpu > rust_decimal::Decimal::ZERO, "GPU time used is billed");
 }

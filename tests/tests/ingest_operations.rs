@@ -164,6 +164,7 @@ async fn bad_configuration_exits_non_zero_naming_the_setting() {
         ("ingest", "INGEST_MAX_BATCH", "0"),
         ("ingest", "DATABASE_URL", "mysql://nope"),
         ("gateway-lite", "GATEWAY_KEY_REFRESH_MS", "5"),
+        ("gateway-lite", "GATEWAY_REQUEST_TIMEOUT_SECS", "0"),
         ("billing-api", "BILLING_BOOTSTRAP_FINANCE_TOKEN", "short"),
     ] {
         let out = std::process::Command::new(bin_dir().join(bin))

@@ -50,6 +50,7 @@ async fn main() -> anyhow::Result<()> {
         outbox: outbox.clone(),
         gateway_id: "gw-bench".into(),
         speedup: 0,
+        request_timeout: Duration::from_secs(600),
         limiter: Limiter::default(),
         idempotency: Idempotency::new(outbox.clone()),
         runs: tokio_util::task::TaskTracker::new(),
