@@ -74,7 +74,8 @@ const EMPTY: Slot = Slot { hash: 0, node: NIL };
 
 /// An open-addressing index from keys to nodes: linear probing, at most
 /// half full (short probe runs: a miss, the common case for a unique
-/// prompt block, costs ~1.5 slots; 10% faster simulator than 3/4), with backward-shift deletion (no tombstones). Slots hold the
+/// prompt block, costs ~1.5 slots; the simulator ran 10% faster than at
+/// 3/4), with backward-shift deletion (no tombstones). Slots hold the
 /// hash, so probes compare keys only on a full 32-bit hash match.
 #[derive(Debug, Default)]
 struct Index {

@@ -116,28 +116,17 @@ impl Run {
                 let _ = reply.send(answer);
                 return;
             }
-            stopped @ (Ended::ClientGone | Ended::TimedOut) => {
-                // Stop it at the engine (frees its KV); it says what the
-                // request used, which is what is billed.
-                let timed_out = matches!(stopped, Ended::TimedOut);
-                let used = generation.cancel().await.ok();
-                let partial = Partial {
-                    produced: used.as_ref().map_or(0, |c| c.completion_tokens),
-                    first_token_at: None,
-                    reason: if timed_out {
-                        FinishReason::Error
-                    } else {
-                        FinishReason::Cancelled
-                    },
-                    used,
-                };
-                let recorded = self.record(self.partial_event(partial, false)).await;
-                if timed_out {
-                    let timeout = GatewayError::Timeout(self.state.request_timeout);
-                    let _ = reply.send(Err(recorded.err().unwrap_or(timeout)));
-                } else if let Err(e) = recorded {
+            Ended::ClientGone => {
+                let recorded = self.stop(generation, FinishReason::Cancelled, None).await;
+                if let Err(e) = recorded {
                     tracing::error!(error = %e, "usage of a cancelled request was not recorded");
                 }
+                return;
+            }
+            Ended::TimedOut => {
+                let recorded = self.stop(generation, FinishReason::Error, None).await;
+                let timeout = GatewayError::Timeout(self.state.request_timeout);
+                let _ = reply.send(Err(recorded.err().unwrap_or(timeout)));
                 return;
             }
         };
@@ -243,23 +232,38 @@ impl Run {
                 )
             }
         };
-        // Cancel at the engine first (frees its KV); it says what the
-        // request used. The client is billed the tokens it was sent.
-        let used = generation.cancel().await.ok();
-        let partial = Partial {
-            produced,
-            first_token_at,
-            reason,
-            used,
-        };
-        let event = self.partial_event(partial, true);
-        if let Err(e) = self.record(event).await {
+        // The client is billed the tokens it was sent.
+        let streamed = Some((produced, first_token_at));
+        if let Err(e) = self.stop(generation, reason, streamed).await {
             tracing::error!(error = %e, "usage of a stream that did not complete was not recorded");
         }
         if let Some(told) = told {
             let _ = tx.send(sse(&told.openai_body().to_string())).await;
             let _ = tx.send(sse("[DONE]")).await;
         }
+    }
+
+    /// Stops a generation that did not complete at the engine (freeing its
+    /// KV) and records what it used: the engine's own figures, with the
+    /// tokens the client was sent for a stream (`streamed`: how many, and
+    /// when the first went out).
+    async fn stop(
+        &mut self,
+        generation: Generation,
+        reason: FinishReason,
+        streamed: Option<(u64, Option<DateTime<Utc>>)>,
+    ) -> Result<(), GatewayError> {
+        let used = generation.cancel().await.ok();
+        let (produced, first_token_at) =
+            streamed.unwrap_or_else(|| (used.as_ref().map_or(0, |c| c.completion_tokens), None));
+        let partial = Partial {
+            produced,
+            first_token_at,
+            reason,
+            used,
+        };
+        self.record(self.partial_event(partial, streamed.is_some()))
+            .await
     }
 
     /// The end of a completed stream: the event durable (with the answer to

@@ -67,7 +67,7 @@ pub(crate) async fn insert_request_rows(
     rows: &[Candidate],
 ) -> Result<Inserted, sqlx::Error> {
     if rows.is_empty() {
-        return Ok(Inserted::Only(HashSet::new()));
+        return Ok(Inserted::All);
     }
     let cols = RequestColumns::of(rows);
     if !MET_RESEND.load(Ordering::Relaxed) {

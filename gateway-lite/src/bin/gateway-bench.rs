@@ -220,13 +220,12 @@ impl Stats {
     }
 }
 
-/// Sends `rate` requests a second for `secs`, each on its own task, and
-/// measures each from its scheduled start (so queueing counts).
+/// One request of either path.
 type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
 
-/// Sends `f(i)` at `rate` per second for `secs`; latency counts from the
-/// moment a request was due, so a late start is not hidden. Returns the
-/// even and the odd requests' figures.
+/// Sends `f(i)` at `rate` per second for `secs`, each on its own task, and
+/// measures each from the moment it was due (so queueing counts). Returns
+/// the even and the odd requests' figures.
 async fn fixed_rate<F>(rate: u64, secs: u64, f: F) -> (Stats, Stats)
 where
     F: Fn(u64) -> BoxFuture,
