@@ -39,7 +39,7 @@ stop_services
 export BILLING_BOOTSTRAP_FINANCE_TOKEN="${BILLING_BOOTSTRAP_FINANCE_TOKEN:-demo-finance-token-0001}"
 export BILLING_PRICE_BOOK_FILE="${BILLING_PRICE_BOOK_FILE:-$ROOT/config/price-book.yaml}"
 export GATEWAY_TENANTS_FILE="${GATEWAY_TENANTS_FILE:-$ROOT/config/tenants.yaml}"
-export GATEWAY_OUTBOX="${GATEWAY_OUTBOX:-$RUN/gateway-outbox.redb}"
+export GATEWAY_OUTBOX="${GATEWAY_OUTBOX:-$RUN/gateway-outbox}"
 export ENGINE_SPEEDUP="${ENGINE_SPEEDUP:-20}"
 export ARCHIVE_URL="${ARCHIVE_URL:-$ROOT/.stack/archive}"
 export ARCHIVE_LINGER_MS="${ARCHIVE_LINGER_MS:-2000}"

@@ -25,12 +25,8 @@ pub struct GatewayConfig {
     /// Topic the relay publishes usage events to.
     #[arg(long, env = "GATEWAY_TOPIC", default_value = usage_contract::TOPIC)]
     pub topic: String,
-    /// The durable outbox file (created if missing).
-    #[arg(
-        long,
-        env = "GATEWAY_OUTBOX",
-        default_value = ".stack/gateway-outbox.redb"
-    )]
+    /// The durable outbox directory (created if missing).
+    #[arg(long, env = "GATEWAY_OUTBOX", default_value = ".stack/gateway-outbox")]
     pub outbox: PathBuf,
     /// This gateway's id, stamped on every usage event.
     #[arg(long, env = "GATEWAY_ID", default_value = "gw-1")]
@@ -100,11 +96,17 @@ impl GatewayConfig {
             return Err(GatewayError::Config("KAFKA_BROKERS is empty".into()));
         }
         schema::parse_url(&self.database_url)?;
-        if let Some(parent) = self.outbox.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                GatewayError::Config(format!("GATEWAY_OUTBOX {}: {e}", self.outbox.display()))
-            })?;
+        if self.outbox.is_file() {
+            return Err(GatewayError::Config(format!(
+                "GATEWAY_OUTBOX {} is a file, but the outbox is a directory (a file there \
+                 is the outbox of a gateway before 2026-12: start that version with Kafka \
+                 up so it drains, or choose another path)",
+                self.outbox.display()
+            )));
         }
+        std::fs::create_dir_all(&self.outbox).map_err(|e| {
+            GatewayError::Config(format!("GATEWAY_OUTBOX {}: {e}", self.outbox.display()))
+        })?;
         Ok(())
     }
 }

@@ -3,8 +3,8 @@
 //! arrives while the first is still running gets 409; the same key with a
 //! different body gets 422.
 //!
-//! Answers are durable: they live in the outbox file and are committed in
-//! the same transaction as the request's usage event (see [`Guard::answer`]),
+//! Answers are durable: they are written to the outbox in the same record
+//! as the request's usage event (see [`Guard::answer`]),
 //! so a retry after a gateway crash or restart is answered from the store
 //! exactly when the first attempt was billed, and runs afresh otherwise.
 //! Keys in flight are tracked in memory only (a crash ends them anyway).
@@ -237,7 +237,7 @@ mod tests {
     #[tokio::test]
     async fn retry_replays_duplicate_conflicts_and_keys_expire() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Outbox::open(&dir.path().join("o.redb")).unwrap();
+        let store = Outbox::open(&dir.path().join("outbox")).unwrap();
         let s = Idempotency::new(store.clone());
         let t0 = 1_000_000;
         let Ok(Begin::New(g)) = s.begin("k", "a", b"x", t0) else {
@@ -258,7 +258,7 @@ mod tests {
     #[tokio::test]
     async fn answers_survive_a_restart_and_a_failed_attempt_releases_the_key() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("o.redb");
+        let path = dir.path().join("outbox");
         {
             let store = Outbox::open(&path).unwrap();
             let s = Idempotency::new(store.clone());
@@ -269,8 +269,7 @@ mod tests {
             };
             complete(g, &store, 5).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let s = Idempotency::new(Outbox::open(&path).unwrap());
+        let s = Idempotency::new(crate::outbox::reopen(&path).await);
         assert!(matches!(s.begin("k", "a", b"x", 6), Ok(Begin::Replay(r)) if r == stored()));
     }
 }

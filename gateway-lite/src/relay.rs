@@ -1,7 +1,7 @@
 //! The relay: outbox → Kafka. Publishes with the idempotent producer
 //! (`enable.idempotence=true`, `acks=all`), keyed by tenant, and deletes an
 //! entry only after the broker acknowledged it. A crash between the ack and
-//! the delete reaching the disk (deletions are flushed with the next
+//! the "published" mark reaching the disk (it is flushed with the next
 //! append, or when the relay goes quiet) re-sends; ingest's request-id
 //! dedupe makes that harmless.
 //! While Kafka is away the outbox grows and the gateway keeps serving.
@@ -51,7 +51,7 @@ pub async fn run(
         if entries.is_empty() {
             if *stop.borrow() {
                 producer.flush(Duration::from_secs(5)).ok();
-                sync_removals(&outbox);
+                sync_removals(&outbox).await;
                 return;
             }
             tokio::select! {
@@ -60,7 +60,7 @@ pub async fn run(
                 () = tokio::time::sleep(Duration::from_millis(500)) => {
                     // Quiet for a while: put the deletions on disk now
                     // rather than with the next append.
-                    sync_removals(&outbox);
+                    sync_removals(&outbox).await;
                 }
             }
             continue;
@@ -100,7 +100,7 @@ pub async fn run(
         if failed > 0 {
             counter!("gateway_relay_errors_total").increment(failed as u64);
             if *stop.borrow() {
-                sync_removals(&outbox);
+                sync_removals(&outbox).await;
                 tracing::warn!(
                     left = failed,
                     "broker unavailable at shutdown; events stay in the outbox"
@@ -115,8 +115,8 @@ pub async fn run(
     }
 }
 
-fn sync_removals(outbox: &Outbox) {
-    if let Err(e) = outbox.sync_removals() {
+async fn sync_removals(outbox: &Outbox) {
+    if let Err(e) = outbox.sync_removals().await {
         tracing::warn!(error = %e, "cannot flush deletions of published events; they may be re-sent");
     }
 }

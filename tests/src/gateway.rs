@@ -67,7 +67,7 @@ pub async fn start_gateway_with(
     env.insert("GATEWAY_ADDR".into(), format!("127.0.0.1:{port}"));
     env.insert(
         "GATEWAY_OUTBOX".into(),
-        stack.dir.path().join("outbox.redb").display().to_string(),
+        stack.dir.path().join("outbox").display().to_string(),
     );
     env.insert("ENGINE_SPEEDUP".into(), speedup.to_string());
     // Tests send bursts; a test of the global limit sets its own.

@@ -35,7 +35,7 @@ async fn start_all(stack: &TestStack) -> Running {
     env.insert("GATEWAY_ADDR".into(), format!("127.0.0.1:{gw_port}"));
     env.insert(
         "GATEWAY_OUTBOX".into(),
-        stack.dir.path().join("outbox.redb").display().to_string(),
+        stack.dir.path().join("outbox").display().to_string(),
     );
     env.insert("GATEWAY_TENANTS_FILE".into(), tenants_file.into());
     env.insert("ENGINE_SPEEDUP".into(), "0".into());
@@ -341,7 +341,7 @@ async fn gateway_sigkill_loses_no_answered_event() {
     env.insert("GATEWAY_ADDR".into(), format!("127.0.0.1:{port}"));
     env.insert(
         "GATEWAY_OUTBOX".into(),
-        stack.dir.path().join("outbox.redb").display().to_string(),
+        stack.dir.path().join("outbox").display().to_string(),
     );
     env.insert("GATEWAY_TENANTS_FILE".into(), tenants_file.into());
     env.insert("ENGINE_SPEEDUP".into(), "0".into());

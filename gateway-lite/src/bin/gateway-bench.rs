@@ -43,7 +43,7 @@ async fn main() -> anyhow::Result<()> {
             limits: Arc::new(HashMap::new()),
         },
     );
-    let outbox = Outbox::open(&dir.join("outbox.redb"))?;
+    let outbox = Outbox::open(&dir.join("outbox"))?;
     let state = AppState {
         registry,
         engine: Arc::new(Upstreams::simulated(engine.clone())),

@@ -1,8 +1,11 @@
 //! Two capacity figures for the README:
 //!
 //! 1. The outbox's durable append rate: many concurrent appenders, each
-//!    waiting for its event's fsync'd group commit (what every request does
-//!    before it is answered), on a file in the system temp directory.
+//!    waiting for its event's flushed group commit (what every request does
+//!    before it is answered), in the system temp directory; with the time
+//!    each append waited. Baseline in the same run: the disk's own floor,
+//!    one event-sized write plus `fdatasync` at a time into a preallocated
+//!    file, which is what a lone appender cannot beat.
 //! 2. The gateway's resident memory with 1,000 open streams: the real
 //!    `gateway-lite` binary (next to this one: `cargo build --release --bins`)
 //!    with the engine in real time (`ENGINE_SPEEDUP=1`), so the streams stay
@@ -35,7 +38,8 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let secs: u64 = args.get(1).map_or(Ok(5), |a| a.parse())?;
     let streams: usize = args.get(2).map_or(Ok(1000), |a| a.parse())?;
-    let mut out = Vec::new();
+    let mut out = vec![disk_floor(secs)?];
+    eprintln!("{}", out[0]);
     for appenders in [1, 100, 1000, 4000] {
         out.push(outbox_rate(appenders, secs).await?);
         eprintln!("{}", out.last().map_or("", String::as_str));
@@ -73,35 +77,75 @@ fn payload(i: u64) -> Vec<u8> {
     .into_bytes()
 }
 
+fn scratch_dir(what: &str) -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("gateway-capacity-{}-{what}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// p50 and p99 of `waits`, in ms.
+fn percentiles(waits: &mut [Duration]) -> (f64, f64) {
+    waits.sort_unstable();
+    let at = |q: f64| {
+        waits
+            .get(((waits.len() as f64 * q) as usize).min(waits.len().saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    (at(0.50), at(0.99))
+}
+
+/// One event-sized write and `fdatasync` at a time, into preallocated space.
+fn disk_floor(secs: u64) -> anyhow::Result<String> {
+    use std::os::unix::fs::FileExt;
+    let dir = scratch_dir("floor")?;
+    let file = gateway_lite::outbox::log::create_segment(&dir, 0, 256 << 20)?;
+    let record = payload(0);
+    let (started, until) = (Instant::now(), Duration::from_secs(secs));
+    let (mut offset, mut waits) = (0u64, Vec::new());
+    while started.elapsed() < until && offset + (record.len() as u64) < 256 << 20 {
+        let t = Instant::now();
+        file.write_all_at(&record, offset)?;
+        file.sync_data()?;
+        waits.push(t.elapsed());
+        offset += record.len() as u64;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&dir);
+    let n = waits.len();
+    let (p50, p99) = percentiles(&mut waits);
+    Ok(format!(
+        "disk floor: write + fdatasync, 1 writer:       {:>8.0} flushes/s  (each p50 {p50:.3} ms, p99 {p99:.3} ms; {n} in {elapsed:.1} s)",
+        n as f64 / elapsed
+    ))
+}
+
 /// `appenders` tasks append for `secs`, each waiting for its commit.
 async fn outbox_rate(appenders: u64, secs: u64) -> anyhow::Result<String> {
-    let dir = std::env::temp_dir().join(format!(
-        "gateway-capacity-{}-{appenders}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir)?;
-    let outbox = Outbox::open(&dir.join("outbox.redb"))?;
-    let done = Arc::new(AtomicU64::new(0));
+    let dir = scratch_dir(&appenders.to_string())?;
+    let outbox = Outbox::open(&dir.join("outbox"))?;
     let started = Instant::now();
     let until = Duration::from_secs(secs);
     let mut tasks = Vec::new();
     for w in 0..appenders {
-        let (outbox, done) = (outbox.clone(), done.clone());
+        let outbox = outbox.clone();
         tasks.push(tokio::spawn(async move {
             let mut i = w << 32;
+            let mut waits = Vec::new();
             while started.elapsed() < until {
+                let t = Instant::now();
                 outbox.append("acme-corp".into(), payload(i)).await?;
-                done.fetch_add(1, Ordering::Relaxed);
+                waits.push(t.elapsed());
                 i += 1;
             }
-            anyhow::Ok(())
+            anyhow::Ok(waits)
         }));
     }
+    let mut waits = Vec::new();
     for t in tasks {
-        t.await??;
+        waits.extend(t.await??);
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let n = done.load(Ordering::Relaxed);
+    let n = waits.len() as u64;
     let stored = outbox.len()?;
     anyhow::ensure!(
         stored == n,
@@ -109,14 +153,14 @@ async fn outbox_rate(appenders: u64, secs: u64) -> anyhow::Result<String> {
     );
     drop(outbox);
     let _ = std::fs::remove_dir_all(&dir);
+    let (p50, p99) = percentiles(&mut waits);
     Ok(format!(
-        "outbox durable appends, {appenders:>4} concurrent appenders: {:>8.0} events/s ({n} events in {elapsed:.1} s, {} B each, fsync'd group commit)",
+        "outbox durable appends, {appenders:>4} concurrent appenders: {:>8.0} events/s  (each waited p50 {p50:.3} ms, p99 {p99:.3} ms; {n} events of {} B in {elapsed:.1} s)",
         n as f64 / elapsed,
         payload(0).len()
     ))
 }
 
-/// Opens `streams` streaming requests against the real gateway and reads its VmRSS.
 async fn stream_memory(streams: usize) -> anyhow::Result<String> {
     let exe = std::env::current_exe()?;
     let bin = exe.with_file_name("gateway-lite");
@@ -159,7 +203,7 @@ async fn stream_memory(streams: usize) -> anyhow::Result<String> {
         .env("KAFKA_BROKERS", &brokers)
         .env("GATEWAY_TOPIC", TOPIC)
         .env("GATEWAY_ADDR", format!("127.0.0.1:{port}"))
-        .env("GATEWAY_OUTBOX", dir.join("outbox.redb"))
+        .env("GATEWAY_OUTBOX", dir.join("outbox"))
         .env("GATEWAY_TENANTS_FILE", &tenants)
         .env("GATEWAY_GLOBAL_RPS", "0")
         .env("ENGINE_SPEEDUP", "1")
