@@ -75,26 +75,26 @@ async fn main() -> anyhow::Result<()> {
     let url = format!("http://{addr}/v1/chat/completions");
     let client = reqwest::Client::new();
 
-    // Both paths in one run, interleaved request by request (even: engine
-    // directly, odd: through the gateway), so both meet the same machine:
-    // run one after the other, a noisy neighbour in either phase skews the
-    // difference.
+    // Both paths in one run, in pairs: at every due instant one request goes
+    // to the engine directly and one through the gateway, so both meet the
+    // same machine and the same lateness of the load generator's timer
+    // (tokio's timer ticks by the millisecond: requests paced at 2x the rate
+    // alone would give the two paths different, run-dependent offsets).
     let (direct, gateway) = {
         let (engine, client, url) = (engine.clone(), client.clone(), url.clone());
-        fixed_rate(2 * rate, secs, move |i| -> BoxFuture {
-            if i % 2 == 0 {
-                let engine = engine.clone();
+        fixed_rate(rate, secs, move |i| -> [BoxFuture; 2] {
+            let engine = engine.clone();
+            let (client, url) = (client.clone(), url.clone());
+            [
                 Box::pin(async move {
                     engine
                         .complete(&request(i))
                         .await
                         .map(|_| ())
                         .map_err(|e| e.to_string())
-                })
-            } else {
-                let (client, url) = (client.clone(), url.clone());
-                Box::pin(async move { post(&client, &url, i).await })
-            }
+                }),
+                Box::pin(async move { post(&client, &url, i).await }),
+            ]
         })
         .await
     };
@@ -223,39 +223,46 @@ impl Stats {
 /// One request of either path.
 type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
 
-/// Sends `f(i)` at `rate` per second for `secs`, each on its own task, and
-/// measures each from the moment it was due (so queueing counts). Returns
-/// the even and the odd requests' figures.
+/// Sends the pair `f(i)` at `rate` per second for `secs`, each request on
+/// its own task (the two spawned in alternating order), and measures each
+/// from the moment it was due (so queueing counts). Returns the figures of
+/// the first and of the second of each pair.
 async fn fixed_rate<F>(rate: u64, secs: u64, f: F) -> (Stats, Stats)
 where
-    F: Fn(u64) -> BoxFuture,
+    F: Fn(u64) -> [BoxFuture; 2],
 {
     let n = rate * secs;
     let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
     let start = tokio::time::Instant::now();
-    let mut tasks = Vec::with_capacity(n as usize);
+    let mut tasks: [Vec<_>; 2] = [Vec::with_capacity(n as usize), Vec::with_capacity(n as usize)];
     for i in 0..n {
         let at = start + interval * i as u32;
         tokio::time::sleep_until(at).await;
-        let fut = f(i);
-        tasks.push(tokio::spawn(async move {
-            let r = fut.await;
-            (r.is_ok(), at.elapsed().as_secs_f64() * 1000.0)
-        }));
-    }
-    let mut stats = [Stats::default(), Stats::default()];
-    for (i, t) in tasks.into_iter().enumerate() {
-        let s = &mut stats[i % 2];
-        match t.await {
-            Ok((true, ms)) => {
-                s.ok += 1;
-                s.latencies_ms.push(ms);
+        let mut pair = f(i).map(Some);
+        let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        for path in order {
+            if let Some(fut) = pair[path].take() {
+                tasks[path].push(tokio::spawn(async move {
+                    let r = fut.await;
+                    (r.is_ok(), at.elapsed().as_secs_f64() * 1000.0)
+                }));
             }
-            _ => s.errors += 1,
         }
     }
-    let [mut even, mut odd] = stats;
-    even.latencies_ms.sort_by(f64::total_cmp);
-    odd.latencies_ms.sort_by(f64::total_cmp);
-    (even, odd)
+    let mut stats = [Stats::default(), Stats::default()];
+    for (path, tasks) in tasks.into_iter().enumerate() {
+        let s = &mut stats[path];
+        for t in tasks {
+            match t.await {
+                Ok((true, ms)) => {
+                    s.ok += 1;
+                    s.latencies_ms.push(ms);
+                }
+                _ => s.errors += 1,
+            }
+        }
+        s.latencies_ms.sort_by(f64::total_cmp);
+    }
+    let [first, second] = stats;
+    (first, second)
 }
