@@ -234,7 +234,10 @@ where
     let n = rate * secs;
     let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
     let start = tokio::time::Instant::now();
-    let mut tasks: [Vec<_>; 2] = [Vec::with_capacity(n as usize), Vec::with_capacity(n as usize)];
+    let mut tasks: [Vec<_>; 2] = [
+        Vec::with_capacity(n as usize),
+        Vec::with_capacity(n as usize),
+    ];
     for i in 0..n {
         let at = start + interval * i as u32;
         tokio::time::sleep_until(at).await;
