@@ -191,7 +191,7 @@ pub fn list_segments(dir: &Path) -> io::Result<Vec<u64>> {
 /// reserves is not enough: the first write to each of its blocks changes
 /// extent metadata, and every flush waits for the journal, ~4 ms here.)
 pub fn create_segment(dir: &Path, index: u64, bytes: u64) -> io::Result<File> {
-    const ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
     let file = OpenOptions::new()
         .read(true)
         .write(true)
