@@ -453,3 +453,128 @@ async fn a_revoked_key_stops_working_within_seconds() {
         .unwrap();
     assert_eq!(other.status(), 200);
 }
+
+/// The gateway SIGKILLed three times while clients keep sending: appends in
+/// flight, a group half written, the relay publishing. Every request a
+/// client got a 200 for is billed exactly once; nothing is billed that was
+/// not sent (a request whose answer the kill cut off may or may not be:
+/// its event may have reached the disk first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_sigkill_mid_traffic_bills_each_answered_request_once() {
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let stack = TestStack::new("gwkillmid").await;
+    let tenants_file = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tenants.yaml");
+    let (mut gateway, url) = tests::gateway::start_gateway_with(
+        &stack,
+        0,
+        &[("GATEWAY_TENANTS_FILE", tenants_file.into())],
+    )
+    .await;
+    let ingest = tests::gateway::start_ingest(&stack);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for w in 0..8usize {
+        let (stop, endpoint) = (stop.clone(), format!("{url}/v1/chat/completions"));
+        clients.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            // (request ids answered 200, 429s, requests without an answer)
+            let (mut answered, mut limited, mut cut) = (Vec::new(), 0usize, 0usize);
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let body = json!({
+                    "model": "llama-3.1-8b",
+                    "messages": [{"role": "user", "content": format!("kill test {w} {i}")}],
+                    "max_tokens": 8,
+                });
+                let sent = client
+                    .post(&endpoint)
+                    .bearer_auth(TENANTS[w % TENANTS.len()].1)
+                    .json(&body)
+                    .send()
+                    .await;
+                let Ok(res) = sent else {
+                    cut += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                let status = res.status().as_u16();
+                let id = res
+                    .headers()
+                    .get("x-request-id")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                match (status, res.bytes().await) {
+                    (200, Ok(_)) => answered.push(id.expect("a 200 carries X-Request-Id")),
+                    (200, Err(_)) => cut += 1,
+                    (429, _) => limited += 1,
+                    (other, _) => panic!("unexpected status {other}"),
+                }
+            }
+            (answered, limited, cut)
+        }));
+    }
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        gateway.kill9().await;
+        gateway.restart_with(&[]);
+        wait_healthy(
+            &format!("{url}/healthz"),
+            &mut gateway,
+            Duration::from_secs(60),
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut answered, mut cut) = (HashSet::new(), 0usize);
+    for c in clients {
+        let (ids, _limited, lost) = c.await.unwrap();
+        answered.extend(
+            ids.into_iter().map(|id| {
+                uuid::Uuid::parse_str(id.trim_start_matches("req_")).expect("request id")
+            }),
+        );
+        cut += lost;
+    }
+    assert!(answered.len() > 100, "only {} answered", answered.len());
+    eprintln!("{} answered, {cut} cut off by the kills", answered.len());
+    wait_outbox_drained(&url).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let stored: HashSet<uuid::Uuid> = loop {
+        let ids: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT request_id FROM request_log")
+            .fetch_all(&stack.pool)
+            .await
+            .unwrap();
+        let ids: HashSet<uuid::Uuid> = ids.into_iter().collect();
+        if answered.is_subset(&ids) {
+            break ids;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} answered requests never billed (gateway log: {}, ingest log: {})",
+            answered.difference(&ids).count(),
+            gateway.log_tail(),
+            ingest.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        stored.len() <= answered.len() + cut,
+        "{} billed, but only {} answered and {cut} cut off",
+        stored.len(),
+        answered.len()
+    );
+    eprintln!("{} billed", stored.len());
+    // Whatever the restarted relays sent again is in by now: counted once.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let requests: i64 = tests::gateway::hourly(&stack)
+        .await
+        .values()
+        .map(|t| t.0)
+        .sum();
+    assert_eq!(requests, stored.len() as i64);
+}
