@@ -121,7 +121,8 @@ async fn sync_removals(outbox: &Outbox) {
     }
 }
 
-/// Publishes the age of the oldest waiting event (also while a publish is stuck).
+/// Sets the age of the oldest waiting event (read at every scrape, so it
+/// keeps growing while a publish is stuck).
 pub fn report_age(outbox: &Outbox) {
     let age = outbox
         .peek(1)

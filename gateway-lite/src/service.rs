@@ -53,11 +53,12 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
         .route("/v1/models", get(chat::models))
         .route("/healthz", get(|| async { "ok" }));
     if let Some(handle) = metrics {
-        let engine = state.engine.clone();
+        let (engine, outbox) = (state.engine.clone(), state.outbox.clone());
         router = router.route(
             "/metrics",
             get(move || {
                 telemetry::upstreams(&engine);
+                relay::report_age(&outbox);
                 std::future::ready(handle.render())
             }),
         );

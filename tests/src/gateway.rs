@@ -210,11 +210,16 @@ pub async fn metrics(base: &str) -> String {
         .expect("/metrics text")
 }
 
-/// The gateway's `gateway_outbox_depth`, from its metrics.
-pub async fn outbox_depth(base: &str) -> u64 {
+/// One unlabelled gauge of the gateway's, from its metrics.
+pub async fn gauge(base: &str, name: &str) -> f64 {
     let text = metrics(base).await;
     text.lines()
-        .find_map(|l| l.strip_prefix("gateway_outbox_depth "))
-        .map(|v| v.trim().parse::<f64>().expect("depth is a number") as u64)
-        .unwrap_or_else(|| panic!("no gateway_outbox_depth in /metrics:\n{text}"))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map(|v| v.trim().parse::<f64>().expect("a gauge is a number"))
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+}
+
+/// The gateway's `gateway_outbox_depth`, from its metrics.
+pub async fn outbox_depth(base: &str) -> u64 {
+    gauge(base, "gateway_outbox_depth").await as u64
 }

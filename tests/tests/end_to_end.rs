@@ -363,6 +363,8 @@ async fn gateway_sigkill_loses_no_answered_event() {
         20,
         "all 20 events wait in the outbox"
     );
+    let age = tests::gateway::gauge(&url, "gateway_outbox_age_seconds").await;
+    assert!(age > 0.0, "the oldest waiting event has an age, got {age}");
     kill_and_restart(&mut gateway, &url, &stack.brokers).await;
     let mut ingest_env = stack.env();
     ingest_env.insert(
