@@ -1,6 +1,6 @@
 //! The relay: outbox → Kafka. Publishes with the idempotent producer
-//! (`enable.idempotence=true`, `acks=all`), keyed by tenant, and deletes an
-//! entry only after the broker acknowledged it. A crash between the ack and
+//! (`enable.idempotence=true`, `acks=all`), keyed by tenant, and marks an
+//! event published only after the broker acknowledged it. A crash between the ack and
 //! the "published" mark reaching the disk (it is flushed with the next
 //! append, or when the relay goes quiet) re-sends; ingest's request-id
 //! dedupe makes that harmless.
@@ -58,8 +58,8 @@ pub async fn run(
                 () = outbox.committed.notified() => {}
                 _ = stop.changed() => {}
                 () = tokio::time::sleep(Duration::from_millis(500)) => {
-                    // Quiet for a while: put the deletions on disk now
-                    // rather than with the next append.
+                    // Quiet for a while: put the "published" mark on disk
+                    // now rather than with the next append.
                     sync_removals(&outbox).await;
                 }
             }
@@ -94,7 +94,7 @@ pub async fn run(
             }
         }
         if let Err(e) = outbox.remove(&acked) {
-            tracing::error!(error = %e, "cannot delete published events; they will be re-sent");
+            tracing::error!(error = %e, "cannot mark events published; they will be re-sent");
         }
         counter!("gateway_relay_published_total").increment(acked.len() as u64);
         if failed > 0 {
@@ -117,7 +117,7 @@ pub async fn run(
 
 async fn sync_removals(outbox: &Outbox) {
     if let Err(e) = outbox.sync_removals().await {
-        tracing::warn!(error = %e, "cannot flush deletions of published events; they may be re-sent");
+        tracing::warn!(error = %e, "cannot flush the published mark; those events may be re-sent");
     }
 }
 

@@ -4,8 +4,10 @@
 //!    waiting for its event's flushed group commit (what every request does
 //!    before it is answered), in the system temp directory; with the time
 //!    each append waited. Baseline in the same run: the disk's own floor,
-//!    one event-sized write plus `fdatasync` at a time into a preallocated
-//!    file, which is what a lone appender cannot beat.
+//!    one write plus `fdatasync` at a time into a zero-filled file (of one
+//!    event: what a lone appender cannot beat; of 100: a busy group), and
+//!    the same into space only reserved with `fallocate`, to show why
+//!    segments are zero-filled.
 //! 2. The gateway's resident memory with 1,000 open streams: the real
 //!    `gateway-lite` binary (next to this one: `cargo build --release --bins`)
 //!    with the engine in real time (`ENGINE_SPEEDUP=1`), so the streams stay
@@ -38,8 +40,11 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let secs: u64 = args.get(1).map_or(Ok(5), |a| a.parse())?;
     let streams: usize = args.get(2).map_or(Ok(1000), |a| a.parse())?;
-    let mut out = vec![disk_floor(secs)?];
-    eprintln!("{}", out[0]);
+    let mut out = Vec::new();
+    for (zero_filled, events) in [(true, 1), (false, 1), (true, 100), (false, 100)] {
+        out.push(disk_floor(secs, zero_filled, events)?);
+        eprintln!("{}", out.last().map_or("", String::as_str));
+    }
     for appenders in [1, 100, 1000, 4000] {
         out.push(outbox_rate(appenders, secs).await?);
         eprintln!("{}", out.last().map_or("", String::as_str));
@@ -94,12 +99,21 @@ fn percentiles(waits: &mut [Duration]) -> (f64, f64) {
     (at(0.50), at(0.99))
 }
 
-/// One event-sized write and `fdatasync` at a time, into preallocated space.
-fn disk_floor(secs: u64) -> anyhow::Result<String> {
+/// One write of `events` events and `fdatasync` at a time, into
+/// preallocated space: zero-filled as the outbox's segments are, or (for
+/// comparison) only reserved with `fallocate`.
+fn disk_floor(secs: u64, zero_filled: bool, events: usize) -> anyhow::Result<String> {
     use std::os::unix::fs::FileExt;
-    let dir = scratch_dir("floor")?;
-    let file = gateway_lite::outbox::log::create_segment(&dir, 0, 256 << 20)?;
-    let record = payload(0);
+    let dir = scratch_dir(if zero_filled { "floor" } else { "reserved" })?;
+    let file = if zero_filled {
+        gateway_lite::outbox::log::create_segment(&dir, 0, 256 << 20)?
+    } else {
+        let file = std::fs::File::create(dir.join("reserved"))?;
+        rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, 256 << 20)?;
+        file.sync_all()?;
+        file
+    };
+    let record = payload(0).repeat(events);
     let (started, until) = (Instant::now(), Duration::from_secs(secs));
     let (mut offset, mut waits) = (0u64, Vec::new());
     while started.elapsed() < until && offset + (record.len() as u64) < 256 << 20 {
@@ -114,7 +128,8 @@ fn disk_floor(secs: u64) -> anyhow::Result<String> {
     let n = waits.len();
     let (p50, p99) = percentiles(&mut waits);
     Ok(format!(
-        "disk floor: write + fdatasync, 1 writer:       {:>8.0} flushes/s  (each p50 {p50:.3} ms, p99 {p99:.3} ms; {n} in {elapsed:.1} s)",
+        "disk floor, {events:>3} event(s) per write + fdatasync, {:<9} {:>6.0} flushes/s  (each p50 {p50:.3} ms, p99 {p99:.3} ms; {n} in {elapsed:.1} s)",
+        if zero_filled { "zeroed:" } else { "reserved:" },
         n as f64 / elapsed
     ))
 }
@@ -146,7 +161,7 @@ async fn outbox_rate(appenders: u64, secs: u64) -> anyhow::Result<String> {
     }
     let elapsed = started.elapsed().as_secs_f64();
     let n = waits.len() as u64;
-    let stored = outbox.len()?;
+    let stored = outbox.depth();
     anyhow::ensure!(
         stored == n,
         "outbox holds {stored} events, {n} were acknowledged"

@@ -189,7 +189,8 @@ pub fn list_segments(dir: &Path) -> io::Result<Vec<u64>> {
 /// its directory entry durable. Appends into it then overwrite blocks that
 /// exist, and their flush carries data only. (Space that `fallocate` merely
 /// reserves is not enough: the first write to each of its blocks changes
-/// extent metadata, and every flush waits for the journal, ~4 ms here.)
+/// extent metadata that the flush must commit too; `gateway-capacity`
+/// measures a 100-event group at ~0.17 ms that way against ~0.07 ms.)
 pub fn create_segment(dir: &Path, index: u64, bytes: u64) -> io::Result<File> {
     static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
     let file = OpenOptions::new()

@@ -45,7 +45,7 @@ pub const DEPTH_GAUGE: &str = "gateway_outbox_depth";
 /// The most a writer flush takes at once.
 const MAX_GROUP: usize = 4096;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum OutboxError {
     #[error("outbox storage: {0}")]
     Storage(String),
@@ -381,18 +381,9 @@ impl Outbox {
         Ok(())
     }
 
-    /// Entries waiting to be published.
-    pub fn len(&self) -> Result<u64, OutboxError> {
-        Ok(self.depth())
-    }
-
-    /// The depth kept in memory (no disk read), for metrics.
+    /// Events waiting to be published (kept in memory, no disk read).
     pub fn depth(&self) -> u64 {
         self.shared.depth.load(Ordering::Relaxed)
-    }
-
-    pub fn is_empty(&self) -> Result<bool, OutboxError> {
-        Ok(self.depth() == 0)
     }
 }
 
@@ -515,7 +506,7 @@ mod tests {
         // Only the segment being written (and the spare being prepared) remain.
         let left = log::list_segments(&path).unwrap().len();
         assert!(left <= 2, "{left} segments left");
-        assert!(outbox.is_empty().unwrap());
+        assert_eq!(outbox.depth(), 0);
     }
 
     #[tokio::test]

@@ -55,10 +55,10 @@ impl Writer {
                 metrics::gauge!(DEPTH_GAUGE).set(now as f64);
             }
             for done in syncs.drain(..) {
-                let _ = done.send(clone_result(&result));
+                let _ = done.send(result.clone());
             }
             for a in group.drain(..) {
-                let _ = a.done.send(clone_result(&result));
+                let _ = a.done.send(result.clone());
             }
             if result.is_ok() {
                 committed.notify_one();
@@ -192,12 +192,5 @@ impl Writer {
         }
         tx.commit()?;
         Ok(())
-    }
-}
-
-fn clone_result(result: &Result<(), OutboxError>) -> Result<(), OutboxError> {
-    match result {
-        Ok(()) => Ok(()),
-        Err(e) => Err(OutboxError::Storage(e.to_string())),
     }
 }
