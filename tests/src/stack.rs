@@ -3,8 +3,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 use sqlx::postgres::PgConnectOptions;
@@ -52,7 +50,9 @@ impl TestStack {
         let (database_url, pool) = fresh_database(name).await;
         let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
         let topic = format!("usage.events.v1.{name}.{suffix}");
-        create_topic(&brokers, &topic, 4).await;
+        usage_contract::topic::create(&brokers, &topic, 4)
+            .await
+            .expect("create the test topic");
         Self {
             database_url,
             brokers,
@@ -144,22 +144,3 @@ async fn schema_pool(url: &str) -> PgPool {
     pool
 }
 
-async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .expect("admin client");
-    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-    let results = admin
-        .create_topics(&[new], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
-        .await
-        .expect("cannot reach the broker: start the stack with scripts/stack.sh up or set KAFKA_BROKERS");
-    for r in results {
-        if let Err((t, e)) = r {
-            assert!(
-                e == rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
-                "create topic {t}: {e}"
-            );
-        }
-    }
-}

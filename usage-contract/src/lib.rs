@@ -10,6 +10,7 @@
 //! - [`event`]: the v1 event, its serde form and its content hash
 //! - [`validate`]: the rules an event must keep, each named
 //! - [`decode`]: bytes → validated event, or the violation that says why not
+//! - `topic` (feature `kafka`): creating a topic, for benches and tests
 //!
 //! Invariants: counts are integers, GPU time is an exact decimal with at most
 //! microsecond precision, timestamps are UTC. No floating point anywhere.
@@ -17,6 +18,8 @@
 pub mod decode;
 pub mod event;
 pub mod request_id;
+#[cfg(feature = "kafka")]
+pub mod topic;
 pub mod validate;
 
 pub use decode::decode;

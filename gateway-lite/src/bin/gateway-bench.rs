@@ -59,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
     let relay = match std::env::var("KAFKA_BROKERS") {
         Ok(brokers) => {
             let topic = format!("gateway-bench.{}", std::process::id());
-            create_topic(&brokers, &topic).await?;
+            usage_contract::topic::create(&brokers, &topic, 4).await?;
             Some(tokio::spawn(gateway_lite::relay::run(
                 outbox.clone(),
                 gateway_lite::relay::producer(&brokers)?,
@@ -156,19 +156,6 @@ async fn main() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let text = out.join("\n");
     eprintln!("{text}");
-    Ok(())
-}
-
-async fn create_topic(brokers: &str, topic: &str) -> anyhow::Result<()> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
-    let new = NewTopic::new(topic, 4, TopicReplication::Fixed(1));
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    for result in admin.create_topics(&[new], &options).await? {
-        result.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
-    }
     Ok(())
 }
 

@@ -24,9 +24,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use gateway_lite::outbox::Outbox;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::ClientConfig;
 use serde_json::json;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection};
@@ -186,7 +183,7 @@ async fn stream_memory(streams: usize) -> anyhow::Result<String> {
     );
     let database_url = bench_database().await?;
     let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
-    create_topic(&brokers).await?;
+    usage_contract::topic::create(&brokers, TOPIC, 1).await?;
     let dir = std::env::temp_dir().join(format!("gateway-capacity-{}-rss", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let tenants = dir.join("tenants.yaml");
@@ -388,24 +385,3 @@ async fn bench_database() -> anyhow::Result<String> {
     Ok(base.database(DATABASE).to_url_lossy().to_string())
 }
 
-async fn create_topic(brokers: &str) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
-    let results = admin
-        .create_topics(
-            &[NewTopic::new(TOPIC, 1, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .context("cannot reach the broker: scripts/stack.sh up, or set KAFKA_BROKERS")?;
-    for r in results {
-        if let Err((t, e)) = r {
-            anyhow::ensure!(
-                e == rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
-                "create topic {t}: {e}"
-            );
-        }
-    }
-    Ok(())
-}

@@ -1,15 +1,22 @@
 //! `ingest-bench`: how fast ingest moves usage events from Kafka into
-//! Postgres, next to two ceilings it cannot beat on this machine, and how soon
+//! Postgres, next to three ceilings it cannot beat on this machine, and how soon
 //! an event is visible. Run it with `scripts/bench-ingest.sh [flags]`.
 //!
 //! One run, on a fresh database `bench_<random>` and a fresh 4-partition
 //! topic `bench.<random>`:
 //! 1. N events of the five reference tenants are produced (idempotent,
 //!    acks=all, lz4, linger 5 ms); the produce rate is informational;
-//! 2. ceiling (a): a plain consumer reads (and copies) all N from the broker;
-//! 3. ceiling (b): one COPY of the same N rows (formatting included) into
+//! 2. ceiling (a): plain consumers read (and copy) all N from the broker;
+//! 3. ceiling (b): COPY of the same N rows (formatting included) into
 //!    `request_log_raw`, a plain copy of request_log without indexes;
-//! 4. the real `ingest` binary runs as a process, timed from its start until
+//!    and (c), what ingest's design itself allows with no broker in front:
+//!    the same N events, decoded beforehand, committed batch by batch with
+//!    ingest's own `store::commit_batch` (dedupe, hourly, offsets: every
+//!    transaction ingest runs) into a second fresh database;
+//!    each with as many readers / connections as `--processes`, every one on
+//!    its share of the partitions, as that many ingest processes would be;
+//! 4. the real `ingest` binary runs as `--processes` processes of one
+//!    consumer group, timed from their start until
 //!    its offsets in Postgres cover all N, with its peak RSS, CPU time and
 //!    commit times (from its `/metrics`); request_log and usage_hourly are
 //!    then checked against N;
@@ -18,6 +25,7 @@
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its report")]
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{Read, Write as _};
 use std::path::PathBuf;
@@ -29,13 +37,14 @@ use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use ingest::batch::{split, Decoded, RawMessage};
+use ingest::offsets::ConsumerKey;
+use ingest::store::{commit_batch, Outcome, Partitions};
 use rust_decimal::Decimal;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgPool};
@@ -91,6 +100,10 @@ struct Args {
     database_url: String,
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     kafka_brokers: String,
+    /// Ingest processes sharing the topic's partitions (one consumer group);
+    /// ceilings (a) and (c) use as many readers and connections.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=4))]
+    processes: i32,
     /// How the bulk events' times (and so their request ids) are ordered.
     #[arg(long, value_enum, default_value_t = Order::Arrival)]
     order: Order,
@@ -125,33 +138,34 @@ async fn main() -> Result<()> {
     let suffix = format!("{:08x}", rng.random::<u32>());
     let base: PgConnectOptions = args.database_url.parse().context("DATABASE_URL")?;
     let db = format!("bench_{suffix}");
+    // The second database takes ceiling (c)'s rows, so that the real
+    // ingest meets an empty request_log in the first.
+    let tx_db = format!("{db}_tx");
     let mut admin = base.clone().database("postgres").connect().await?;
-    let create = format!("CREATE DATABASE {db}");
-    sqlx::query(&create).execute(&mut admin).await?;
-    let url = base.database(&db).to_url_lossy().to_string();
-    let result = run(&args, &url, &suffix, &mut rng).await;
-    if args.keep {
-        println!("kept database {db}");
-    } else {
-        let drop = format!("DROP DATABASE {db} WITH (FORCE)");
-        sqlx::query(&drop).execute(&mut admin).await?;
+    for name in [&db, &tx_db] {
+        let create = format!("CREATE DATABASE {name}");
+        sqlx::query(&create).execute(&mut admin).await?;
+    }
+    let url = |name: &str| base.clone().database(name).to_url_lossy().to_string();
+    let result = run(&args, [&url(&db), &url(&tx_db)], &suffix, &mut rng).await;
+    for name in [&db, &tx_db] {
+        if args.keep {
+            println!("kept database {name}");
+        } else {
+            let drop = format!("DROP DATABASE {name} WITH (FORCE)");
+            sqlx::query(&drop).execute(&mut admin).await?;
+        }
     }
     result
 }
 
-async fn run(args: &Args, url: &str, suffix: &str, rng: &mut StdRng) -> Result<()> {
+/// `urls`: the database ingest writes to, and the one for ceiling (c).
+async fn run(args: &Args, urls: [&str; 2], suffix: &str, rng: &mut StdRng) -> Result<()> {
     let (n, load) = (args.events, std::fs::read_to_string("/proc/loadavg")?);
-    let pool = schema::connect(url, 4, Duration::from_secs(10)).await?;
-    sqlx::query(
-        "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
-         SELECT t, t, 'standard', p, 'per_token' FROM UNNEST($1::text[], $2::smallint[]) x(t, p)",
-    )
-    .bind(TENANTS.map(|t| t.0))
-    .bind(TENANTS.map(|t| t.1))
-    .execute(&pool)
-    .await?;
+    let [url, tx_url] = urls;
+    let pool = bench_database(url).await?;
     let topic = format!("bench.{suffix}");
-    create_topic(&args.kafka_brokers, &topic).await?;
+    usage_contract::topic::create(&args.kafka_brokers, &topic, PARTITIONS).await?;
     let now_ms = Utc::now().timestamp_millis();
     let mut events = Vec::with_capacity(n);
     const SPAN_MS: i64 = 4 * 3_600_000;
@@ -175,15 +189,20 @@ async fn run(args: &Args, url: &str, suffix: &str, rng: &mut StdRng) -> Result<(
     drop(bulk_producer);
     let produce = started.elapsed();
     println!("ceiling (a): reading them back from the broker");
-    let read = broker_read(&args.kafka_brokers, &topic, n)?;
+    let read = broker_read(&args.kafka_brokers, &topic, n, args.processes)?;
     println!("ceiling (b): COPY into request_log_raw");
-    let copy = copy_raw(&pool, &events, &hashes).await?;
-    drop((events, hashes));
+    let copy = copy_raw(&pool, &events, &hashes, args.processes).await?;
+    drop(hashes);
+    println!("ceiling (c): ingest's transactions alone, into a second database");
+    let max_batch = args.max_batch.unwrap_or(5000).max(1);
+    let transactions =
+        transactions_alone(tx_url, &topic, &events, max_batch, args.processes).await?;
+    drop(events);
 
     println!("ingest: until its offsets cover all {n} events");
-    let mut ingest = Ingest::start(args, url, &topic, suffix)?;
+    let mut ingest = Ingests::start(args, url, &topic, suffix)?;
     let bulk = wait_ingested(&pool, &mut ingest, n).await?;
-    let metrics = ingest.scrape().unwrap_or_default();
+    let metrics = ingest.scrape();
     let checks = sqlx::query_as(
         "SELECT (SELECT count(*) FROM request_log),
                 (SELECT coalesce(sum(requests), 0)::bigint FROM usage_hourly),
@@ -193,7 +212,7 @@ async fn run(args: &Args, url: &str, suffix: &str, rng: &mut StdRng) -> Result<(
     .await?;
     println!("freshness: {} events at {}/s", args.fresh_events, args.rate);
     let fresh = freshness(args, &topic, &pool, &mut ingest, rng).await;
-    let hwm_kib = proc_kib(ingest.pid, "VmHWM:").unwrap_or(0);
+    let hwm_kib = ingest.max_kib("VmHWM:");
     ingest.stop().await;
     let fresh = fresh?;
     let measured = Measured {
@@ -201,6 +220,7 @@ async fn run(args: &Args, url: &str, suffix: &str, rng: &mut StdRng) -> Result<(
         produce,
         read,
         copy,
+        transactions,
         bulk,
         metrics,
         checks,
@@ -210,14 +230,102 @@ async fn run(args: &Args, url: &str, suffix: &str, rng: &mut StdRng) -> Result<(
     report(args, &measured)
 }
 
+/// A fresh bench database with its schema and the five reference tenants.
+async fn bench_database(url: &str) -> Result<PgPool> {
+    let pool = schema::connect(url, 4, Duration::from_secs(10)).await?;
+    sqlx::query(
+        "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
+         SELECT t, t, 'standard', p, 'per_token' FROM UNNEST($1::text[], $2::smallint[]) x(t, p)",
+    )
+    .bind(TENANTS.map(|t| t.0))
+    .bind(TENANTS.map(|t| t.1))
+    .execute(&pool)
+    .await?;
+    Ok(pool)
+}
+
+/// Ceiling (c): every transaction ingest would run for `events`, with the
+/// broker and the decoding taken away. The events are spread over the
+/// partitions in turn; each of `streams` connections takes its share of the
+/// partitions (as `streams` ingest processes would), decoded into batches of
+/// `max_batch` up front, and only the commits (day partitions included, as
+/// ingest does) are timed.
+async fn transactions_alone(
+    url: &str,
+    topic: &str,
+    events: &[UsageEvent],
+    max_batch: usize,
+    streams: i32,
+) -> Result<Duration> {
+    let pool = bench_database(url).await?;
+    let now = Utc::now();
+    let mut shares: Vec<Vec<RawMessage>> = (0..streams).map(|_| Vec::new()).collect();
+    for (i, e) in events.iter().enumerate() {
+        let partition = i as i32 % PARTITIONS;
+        shares[(partition % streams) as usize].push(RawMessage {
+            partition,
+            offset: i as i64 / i64::from(PARTITIONS),
+            payload: e.to_json(),
+            decoded: None,
+        });
+    }
+    let key = ConsumerKey {
+        group: "ingest-bench-transactions".into(),
+        topic: topic.into(),
+    };
+    let streams: Vec<Vec<_>> = shares
+        .iter()
+        .map(|share| share.chunks(max_batch).map(|b| split(b, now)).collect())
+        .collect();
+    drop(shares);
+    let started = Instant::now();
+    let commits = streams
+        .into_iter()
+        .map(|batches| commit_in_turn(&pool, &key, batches));
+    futures::future::try_join_all(commits).await?;
+    let took = started.elapsed();
+    let (rows,): (i64,) = sqlx::query_as("SELECT count(*) FROM request_log")
+        .fetch_one(&pool)
+        .await?;
+    ensure!(rows == events.len() as i64, "ceiling (c) stored {rows} rows");
+    // As after (b): don't leave ingest to pay for this run's checkpoint.
+    let _ = sqlx::query("CHECKPOINT").execute(&pool).await;
+    pool.close().await;
+    Ok(took)
+}
+
+/// One connection's part of ceiling (c): its batches, one after another.
+async fn commit_in_turn(pool: &PgPool, key: &ConsumerKey, batches: Vec<Decoded>) -> Result<()> {
+    // A partition not in here yet has no stored offset (`None`).
+    let mut stored: BTreeMap<i32, Option<i64>> = BTreeMap::new();
+    let mut partitions = Partitions::default();
+    for decoded in batches {
+        let next = decoded.next_offsets.clone();
+        partitions
+            .ensure(pool, decoded.firsts.iter().map(|c| &c.event))
+            .await?;
+        match commit_batch(pool, key, &stored, decoded).await? {
+            Outcome::Committed(counts) => ensure!(
+                counts.dead_lettered == 0 && counts.duplicates == 0,
+                "ceiling (c) counted {counts:?}"
+            ),
+            Outcome::Stale { .. } => bail!("ceiling (c): offsets moved under the bench"),
+        }
+        stored.extend(next.into_iter().map(|(p, o)| (p, Some(o))));
+    }
+    Ok(())
+}
+
 /// Everything the report is made of.
 struct Measured {
     load: String,
     produce: Duration,
     read: Duration,
     copy: Duration,
+    transactions: Duration,
     bulk: Bulk,
-    metrics: String,
+    /// `/metrics` of each ingest process.
+    metrics: Vec<String>,
     /// request_log rows, usage_hourly requests, dead letters.
     checks: (i64, i64, i64),
     hwm_kib: u64,
@@ -229,11 +337,14 @@ fn report(args: &Args, r: &Measured) -> Result<()> {
     let n = args.events;
     let secs = |d: Duration| d.as_secs_f64();
     let (read_s, copy_s, total_s) = (secs(r.read), secs(r.copy), secs(r.bulk.total));
+    let tx_s = secs(r.transactions);
     let rate = |s: f64| n as f64 / s;
     let (read_r, copy_r, total_r) = (rate(read_s), rate(copy_s), rate(total_s));
+    let tx_r = rate(tx_s);
     let steady_s = secs(r.bulk.total - r.bulk.first);
     let steady_r = (n as i64 - r.bulk.at_first) as f64 / steady_s;
-    let (vs_read, vs_copy) = (steady_r / read_r, steady_r / copy_r);
+    let (vs_read, vs_copy, vs_tx) = (steady_r / read_r, steady_r / copy_r, steady_r / tx_r);
+    let tx_vs_copy = tx_r / copy_r;
     let (produce_r, first_s, at_first) =
         (rate(secs(r.produce)), secs(r.bulk.first), r.bulk.at_first);
     let (rss, hwm) = (
@@ -241,15 +352,19 @@ fn report(args: &Args, r: &Measured) -> Result<()> {
         r.hwm_kib as f64 / 1024.0,
     );
     let (cpu, cpu_pct) = (r.bulk.cpu_s, 100.0 * r.bulk.cpu_s / total_s);
-    let m = |name: &str| metric(&r.metrics, name);
+    // Counters add up over the processes; of quantiles, the worst is shown.
+    let sum = |name: &str| r.metrics.iter().map(|t| metric(t, name)).sum::<f64>();
+    let worst = |name: &str| r.metrics.iter().map(|t| metric(t, name)).fold(f64::NAN, f64::max);
     let (batches, commit_s) = (
-        m("ingest_commit_seconds_count"),
-        m("ingest_commit_seconds_sum"),
+        sum("ingest_commit_seconds_count"),
+        sum("ingest_commit_seconds_sum"),
     );
-    let mean_batch = m("ingest_batch_size_sum") / batches;
-    let (commit_pct, commit_mean) = (100.0 * commit_s / steady_s, 1000.0 * commit_s / batches);
-    let commit_p50 = 1000.0 * m("ingest_commit_seconds{quantile=\"0.5\"}");
-    let commit_p99 = 1000.0 * m("ingest_commit_seconds{quantile=\"0.99\"}");
+    let mean_batch = sum("ingest_batch_size_sum") / batches;
+    let procs = args.processes;
+    let commit_pct = 100.0 * commit_s / steady_s / f64::from(procs);
+    let commit_mean = 1000.0 * commit_s / batches;
+    let commit_p50 = 1000.0 * worst("ingest_commit_seconds{quantile=\"0.5\"}");
+    let commit_p99 = 1000.0 * worst("ingest_commit_seconds{quantile=\"0.99\"}");
     let (rows, requests, dead) = r.checks;
     let correct = rows == n as i64 && requests == n as i64 && dead == 0;
     let ok = if correct { "yes" } else { "NO" };
@@ -269,22 +384,26 @@ fn report(args: &Args, r: &Measured) -> Result<()> {
         r#"
 == ingest benchmark: {n} events, {PARTITIONS} partitions, {cores} cores (nproc), load {load} at start
    request ids in {order:?} order (--order)
-   ingest: INGEST_MAX_BATCH={max_batch}, INGEST_LINGER_MS={linger_ms}
+   ingest: {procs} process(es) in one group (--processes), INGEST_MAX_BATCH={max_batch}, INGEST_LINGER_MS={linger_ms}
    produce (idempotent, acks=all, lz4, linger 5 ms): {produce_r:.0} events/s (informational)
 
                                             seconds    events/s   ingest/ceiling
    (a) broker read ceiling                {read_s:>9.2} {read_r:>11.0} {vs_read:>16.2}
    (b) raw COPY ceiling, no indexes       {copy_s:>9.2} {copy_r:>11.0} {vs_copy:>16.2}
+   (c) ingest's transactions alone        {tx_s:>9.2} {tx_r:>11.0} {vs_tx:>16.2}
    ingest, process start -> all committed {total_s:>9.2} {total_r:>11.0}
    ingest, first commit -> all committed  {steady_s:>9.2} {steady_r:>11.0}
    (the first commit came {first_s:.2} s after start, covering {at_first} events;
     ingest/ceiling uses the first-commit rate)
+   (a), (b), (c): {procs} reader(s) / connection(s), each on its share of the partitions;
+   (c) is (b) x {tx_vs_copy:.2}: ingest's own transactions for these events, batches of
+    {max_batch} decoded beforehand, on {procs} connection(s), with no broker
 
-   ingest RSS: max {rss:.1} MiB sampled while ingesting, VmHWM {hwm:.1} MiB at the end
-   ingest CPU: {cpu:.2} s user+sys until all committed ({cpu_pct:.0}% of one core)
+   ingest RSS (largest process): max {rss:.1} MiB sampled while ingesting, VmHWM {hwm:.1} MiB at the end
+   ingest CPU (all processes): {cpu:.2} s user+sys until all committed ({cpu_pct:.0}% of one core)
    postgres commits: {batches:.0} of {mean_batch:.0} messages on average, {commit_s:.2} s in
-     total ({commit_pct:.0}% of the first-commit span); per batch mean {commit_mean:.1} ms,
-     p50 {commit_p50:.1} ms, p99 {commit_p99:.1} ms
+     total ({commit_pct:.0}% of the first-commit span per process); per batch mean
+     {commit_mean:.1} ms, p50 {commit_p50:.1} ms, p99 {commit_p99:.1} ms (worst process)
    correct: {ok} (request_log {rows} rows, usage_hourly {requests} requests, {dead} dead
      letters; expected {n}, {n}, 0)
 
@@ -331,18 +450,6 @@ fn event(rng: &mut StdRng, i: usize, started_at: DateTime<Utc>) -> UsageEvent {
     }
 }
 
-async fn create_topic(brokers: &str, topic: &str) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
-    let new = NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1));
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    for result in admin.create_topics(&[new], &options).await? {
-        result.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
-    }
-    Ok(())
-}
-
 /// The gateway relay's producer settings, with the given linger.
 fn producer(brokers: &str, linger_ms: &str) -> Result<FutureProducer> {
     Ok(ClientConfig::new()
@@ -378,7 +485,35 @@ async fn delivered(acks: Vec<DeliveryFuture>) -> Result<()> {
 }
 
 /// Ceiling (a): all N messages read from the broker and copied, as ingest does.
-fn broker_read(brokers: &str, topic: &str, n: usize) -> Result<Duration> {
+fn broker_read(brokers: &str, topic: &str, n: usize, readers: i32) -> Result<Duration> {
+    let total = std::sync::atomic::AtomicUsize::new(0);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..readers)
+            .map(|r| {
+                let total = &total;
+                scope.spawn(move || read_partitions(brokers, topic, n, r, readers, total, started))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().unwrap_or_else(|_| bail!("a broker reader panicked")))
+    })?;
+    Ok(started.elapsed())
+}
+
+/// One reader of [`broker_read`]: partitions `r`, `r + readers`, … until
+/// all readers together have read `n`.
+fn read_partitions(
+    brokers: &str,
+    topic: &str,
+    n: usize,
+    r: i32,
+    readers: i32,
+    total: &std::sync::atomic::AtomicUsize,
+    started: Instant,
+) -> Result<()> {
+    use std::sync::atomic::Ordering::Relaxed;
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", "ingest-bench-read")
@@ -388,24 +523,26 @@ fn broker_read(brokers: &str, topic: &str, n: usize) -> Result<Duration> {
         .set("fetch.wait.max.ms", "50")
         .create()?;
     let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
+    for p in (r..PARTITIONS).step_by(readers as usize) {
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
-    let started = Instant::now();
     consumer.assign(&tpl)?;
-    let (mut read, mut chunk) = (0, Vec::with_capacity(1000));
-    while read < n {
+    let mut chunk = Vec::with_capacity(1000);
+    while total.load(Relaxed) < n {
         let late = started.elapsed() > Duration::from_secs(600);
-        ensure!(!late, "broker read: only {read} of {n} in 10 minutes");
-        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+        ensure!(!late, "broker read: only {} of {n} in 10 minutes", total.load(Relaxed));
+        if let Some(m) = consumer.poll(Duration::from_millis(10)) {
             chunk.push(m?.payload().map(<[u8]>::to_vec).unwrap_or_default());
-            read += 1;
             if chunk.len() == 1000 {
+                total.fetch_add(chunk.len(), Relaxed);
                 std::hint::black_box(&mut chunk).clear();
             }
+        } else if !chunk.is_empty() {
+            total.fetch_add(chunk.len(), Relaxed);
+            chunk.clear();
         }
     }
-    Ok(started.elapsed())
+    Ok(())
 }
 
 /// Writes each value followed by a tab: COPY's text format.
@@ -414,16 +551,48 @@ macro_rules! tsv {
 }
 
 /// Ceiling (b): the same rows in one COPY (text format, 10k rows per send).
-async fn copy_raw(pool: &PgPool, events: &[UsageEvent], hashes: &[[u8; 32]]) -> Result<Duration> {
-    let mut conn = pool.acquire().await?;
+/// Ceiling (b): the same rows, formatted and COPYed into `request_log_raw`
+/// (no indexes), on `streams` connections at once, each with its share of
+/// the partitions, as ingest's processes would split them.
+async fn copy_raw(
+    pool: &PgPool,
+    events: &[UsageEvent],
+    hashes: &[[u8; 32]],
+    streams: i32,
+) -> Result<Duration> {
     let create = "CREATE TABLE request_log_raw (LIKE request_log INCLUDING DEFAULTS)";
-    sqlx::query(create).execute(&mut *conn).await?;
+    sqlx::query(create).execute(pool).await?;
+    let started = Instant::now();
+    let copies = (0..streams).map(|r| copy_share(pool, events, hashes, r, streams));
+    let rows: u64 = futures::future::try_join_all(copies).await?.into_iter().sum();
+    let took = started.elapsed();
+    ensure!(rows == events.len() as u64, "COPY wrote {rows} rows");
+    sqlx::query("DROP TABLE request_log_raw").execute(pool).await?;
+    // Don't leave ingest to pay for the COPY's checkpoint.
+    let _ = sqlx::query("CHECKPOINT").execute(pool).await;
+    Ok(took)
+}
+
+/// One connection's COPY of [`copy_raw`]: the events of partitions `r`,
+/// `r + streams`, …
+async fn copy_share(
+    pool: &PgPool,
+    events: &[UsageEvent],
+    hashes: &[[u8; 32]],
+    r: i32,
+    streams: i32,
+) -> Result<u64> {
+    let mut conn = pool.acquire().await?;
     let ts = |t: DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Millis, true);
     let opt = |v: Option<String>| v.unwrap_or_else(|| "\\N".into());
-    let started = Instant::now();
     let mut copy = conn.copy_in_raw(COPY).await?;
     let mut buf = String::with_capacity(4 << 20);
-    for (i, (e, hash)) in events.iter().zip(hashes).enumerate() {
+    let mine = events
+        .iter()
+        .zip(hashes)
+        .enumerate()
+        .filter(|(i, _)| *i as i32 % PARTITIONS % streams == r);
+    for (i, (e, hash)) in mine {
         let first = opt(e.first_token_at.map(ts));
         let (ttft, tpot) = (
             opt(e.ttft_ms.map(|v| v.to_string())),
@@ -440,44 +609,86 @@ async fn copy_raw(pool: &PgPool, events: &[UsageEvent], hashes: &[[u8; 32]]) -> 
             write!(buf, "{b:02x}")?;
         }
         writeln!(buf, "\t{}\t{i}", i as i32 % PARTITIONS)?;
-        if (i + 1) % 10_000 == 0 || i + 1 == events.len() {
+        if buf.len() >= 4 << 20 {
             copy.send(buf.as_bytes()).await?;
             buf.clear();
         }
     }
-    let rows = copy.finish().await?;
-    let took = started.elapsed();
-    ensure!(rows == events.len() as u64, "COPY wrote {rows} rows");
-    sqlx::query("DROP TABLE request_log_raw")
-        .execute(&mut *conn)
-        .await?;
-    // Don't leave ingest to pay for the COPY's checkpoint.
-    let _ = sqlx::query("CHECKPOINT").execute(&mut *conn).await;
-    Ok(took)
+    if !buf.is_empty() {
+        copy.send(buf.as_bytes()).await?;
+    }
+    Ok(copy.finish().await?)
 }
 
-/// The real ingest binary, next to this one, as a child process.
-struct Ingest {
-    child: tokio::process::Child,
-    pid: u32,
+/// The real ingest binary, next to this one, as `--processes` child
+/// processes of one consumer group.
+struct Ingests {
+    procs: Vec<Ingest>,
     group: String,
-    metrics_addr: std::net::SocketAddr,
-    log: PathBuf,
     started: Instant,
 }
 
-impl Ingest {
+impl Ingests {
     fn start(args: &Args, url: &str, topic: &str, suffix: &str) -> Result<Self> {
-        let bin = std::env::current_exe()?.with_file_name("ingest");
         let group = format!("bench-{suffix}");
+        let started = Instant::now();
+        let procs = (0..args.processes)
+            .map(|i| Ingest::start(args, url, topic, &group, &format!("{suffix}-{i}")))
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            procs,
+            group,
+            started,
+        })
+    }
+
+    fn check_running(&mut self) -> Result<()> {
+        self.procs.iter_mut().try_for_each(Ingest::check_running)
+    }
+
+    fn scrape(&self) -> Vec<String> {
+        let text = |p: &Ingest| p.scrape().unwrap_or_default();
+        self.procs.iter().map(text).collect()
+    }
+
+    /// The largest value of a `/proc/<pid>/status` field among the processes.
+    fn max_kib(&self, field: &str) -> u64 {
+        let kib = |p: &Ingest| proc_kib(p.pid, field).unwrap_or(0);
+        self.procs.iter().map(kib).max().unwrap_or(0)
+    }
+
+    /// CPU seconds of all the processes together.
+    fn cpu_seconds(&self) -> f64 {
+        let cpu = |p: &Ingest| cpu_seconds(p.pid).unwrap_or(f64::NAN);
+        self.procs.iter().map(cpu).sum()
+    }
+
+    async fn stop(self) {
+        for p in self.procs {
+            p.stop().await;
+        }
+    }
+}
+
+/// One ingest process.
+struct Ingest {
+    child: tokio::process::Child,
+    pid: u32,
+    metrics_addr: std::net::SocketAddr,
+    log: PathBuf,
+}
+
+impl Ingest {
+    fn start(args: &Args, url: &str, topic: &str, group: &str, name: &str) -> Result<Self> {
+        let bin = std::env::current_exe()?.with_file_name("ingest");
         let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let log = std::env::temp_dir().join(format!("ingest-bench-{suffix}.log"));
+        let log = std::env::temp_dir().join(format!("ingest-bench-{name}.log"));
         let out = std::fs::File::create(&log)?;
         let mut cmd = tokio::process::Command::new(&bin);
         cmd.env("DATABASE_URL", url)
             .env("KAFKA_BROKERS", &args.kafka_brokers)
             .env("INGEST_TOPIC", topic)
-            .env("INGEST_GROUP", &group)
+            .env("INGEST_GROUP", group)
             .env("INGEST_METRICS_ADDR", metrics_addr.to_string())
             .env("RUST_LOG", "info,rdkafka=warn")
             .stdin(Stdio::null())
@@ -488,7 +699,6 @@ impl Ingest {
             cmd.env("INGEST_MAX_BATCH", batch.to_string());
             cmd.env("INGEST_LINGER_MS", linger.to_string());
         }
-        let started = Instant::now();
         let child = cmd
             .spawn()
             .with_context(|| format!("start {}", bin.display()))?;
@@ -496,10 +706,8 @@ impl Ingest {
         Ok(Self {
             child,
             pid,
-            group,
             metrics_addr,
             log,
-            started,
         })
     }
 
@@ -578,13 +786,13 @@ struct Bulk {
 }
 
 /// Polls the group's offsets in Postgres every 50 ms until they cover all N.
-async fn wait_ingested(pool: &PgPool, ingest: &mut Ingest, n: usize) -> Result<Bulk> {
+async fn wait_ingested(pool: &PgPool, ingest: &mut Ingests, n: usize) -> Result<Bulk> {
     let (mut first, mut max_rss_kib) = (None, 0);
     let query = "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets
                  WHERE consumer_group = $1";
     loop {
         ingest.check_running()?;
-        max_rss_kib = max_rss_kib.max(proc_kib(ingest.pid, "VmRSS:").unwrap_or(0));
+        max_rss_kib = max_rss_kib.max(ingest.max_kib("VmRSS:"));
         let done: i64 = sqlx::query_scalar(query)
             .bind(&ingest.group)
             .fetch_one(pool)
@@ -595,7 +803,7 @@ async fn wait_ingested(pool: &PgPool, ingest: &mut Ingest, n: usize) -> Result<B
         }
         if done >= n as i64 {
             let (first, at_first) = first.unwrap_or((now, done));
-            let cpu_s = cpu_seconds(ingest.pid).unwrap_or(f64::NAN);
+            let cpu_s = ingest.cpu_seconds();
             return Ok(Bulk {
                 total: now,
                 first,
@@ -623,7 +831,7 @@ async fn freshness(
     args: &Args,
     topic: &str,
     pool: &PgPool,
-    ingest: &mut Ingest,
+    ingest: &mut Ingests,
     rng: &mut StdRng,
 ) -> Result<Fresh> {
     let (m, rate) = (args.fresh_events, f64::from(args.rate));
