@@ -143,4 +143,3 @@ async fn schema_pool(url: &str) -> PgPool {
         .expect("migrate");
     pool
 }
-

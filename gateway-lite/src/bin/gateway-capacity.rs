@@ -384,4 +384,3 @@ async fn bench_database() -> anyhow::Result<String> {
     admin.close().await?;
     Ok(base.database(DATABASE).to_url_lossy().to_string())
 }
-

@@ -35,6 +35,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use clap::Parser;
+use ingest::batch::{split, Decoded, RawMessage};
+use ingest::offsets::ConsumerKey;
+use ingest::store::{commit_batch, Outcome, Partitions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -42,9 +45,6 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
-use ingest::batch::{split, Decoded, RawMessage};
-use ingest::offsets::ConsumerKey;
-use ingest::store::{commit_batch, Outcome, Partitions};
 use rust_decimal::Decimal;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgPool};
@@ -287,7 +287,10 @@ async fn transactions_alone(
     let (rows,): (i64,) = sqlx::query_as("SELECT count(*) FROM request_log")
         .fetch_one(&pool)
         .await?;
-    ensure!(rows == events.len() as i64, "ceiling (c) stored {rows} rows");
+    ensure!(
+        rows == events.len() as i64,
+        "ceiling (c) stored {rows} rows"
+    );
     // As after (b): don't leave ingest to pay for this run's checkpoint.
     let _ = sqlx::query("CHECKPOINT").execute(&pool).await;
     pool.close().await;
@@ -354,7 +357,12 @@ fn report(args: &Args, r: &Measured) -> Result<()> {
     let (cpu, cpu_pct) = (r.bulk.cpu_s, 100.0 * r.bulk.cpu_s / total_s);
     // Counters add up over the processes; of quantiles, the worst is shown.
     let sum = |name: &str| r.metrics.iter().map(|t| metric(t, name)).sum::<f64>();
-    let worst = |name: &str| r.metrics.iter().map(|t| metric(t, name)).fold(f64::NAN, f64::max);
+    let worst = |name: &str| {
+        r.metrics
+            .iter()
+            .map(|t| metric(t, name))
+            .fold(f64::NAN, f64::max)
+    };
     let (batches, commit_s) = (
         sum("ingest_commit_seconds_count"),
         sum("ingest_commit_seconds_sum"),
@@ -495,9 +503,10 @@ fn broker_read(brokers: &str, topic: &str, n: usize, readers: i32) -> Result<Dur
                 scope.spawn(move || read_partitions(brokers, topic, n, r, readers, total, started))
             })
             .collect();
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().unwrap_or_else(|_| bail!("a broker reader panicked")))
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| bail!("a broker reader panicked"))
+        })
     })?;
     Ok(started.elapsed())
 }
@@ -530,7 +539,11 @@ fn read_partitions(
     let mut chunk = Vec::with_capacity(1000);
     while total.load(Relaxed) < n {
         let late = started.elapsed() > Duration::from_secs(600);
-        ensure!(!late, "broker read: only {} of {n} in 10 minutes", total.load(Relaxed));
+        ensure!(
+            !late,
+            "broker read: only {} of {n} in 10 minutes",
+            total.load(Relaxed)
+        );
         if let Some(m) = consumer.poll(Duration::from_millis(10)) {
             chunk.push(m?.payload().map(<[u8]>::to_vec).unwrap_or_default());
             if chunk.len() == 1000 {
@@ -564,10 +577,15 @@ async fn copy_raw(
     sqlx::query(create).execute(pool).await?;
     let started = Instant::now();
     let copies = (0..streams).map(|r| copy_share(pool, events, hashes, r, streams));
-    let rows: u64 = futures::future::try_join_all(copies).await?.into_iter().sum();
+    let rows: u64 = futures::future::try_join_all(copies)
+        .await?
+        .into_iter()
+        .sum();
     let took = started.elapsed();
     ensure!(rows == events.len() as u64, "COPY wrote {rows} rows");
-    sqlx::query("DROP TABLE request_log_raw").execute(pool).await?;
+    sqlx::query("DROP TABLE request_log_raw")
+        .execute(pool)
+        .await?;
     // Don't leave ingest to pay for the COPY's checkpoint.
     let _ = sqlx::query("CHECKPOINT").execute(pool).await;
     Ok(took)
