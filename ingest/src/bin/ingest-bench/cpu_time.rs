@@ -1,0 +1,91 @@
+//! Who used the machine's CPU while ingest ran: ingest itself, the broker
+//! (the nisshi process and the Postgres backends serving its database), the
+//! Postgres backends of ingest's database, and the rest of Postgres (WAL
+//! writer, checkpointer, other databases). Read from `/proc`, so
+//! a broker on another machine shows as absent, and a backend that exited
+//! between two samples is not counted.
+
+use std::collections::HashMap;
+
+use crate::processes::cpu_seconds;
+
+/// CPU seconds per process, by the part of the pipeline it belongs to.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Sample {
+    by_pid: HashMap<u32, (Part, f64)>,
+}
+
+/// A part of the pipeline on this machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Part {
+    Ingest,
+    Broker,
+    BrokerPostgres,
+    IngestPostgres,
+    OtherPostgres,
+}
+
+impl Sample {
+    /// Reads the ingest processes and every process of the broker and
+    /// Postgres. `ingest_db` is the database ingest writes to.
+    pub(crate) fn take(ingest_db: &str, ingest_pids: &[u32]) -> Self {
+        let mut by_pid = HashMap::new();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Self::default();
+        };
+        let procs: Vec<(u32, String)> = dir
+            .filter_map(|e| {
+                let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                Some((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")))
+            })
+            .collect();
+        // nisshi is started with `--storage-engine postgres://…/<db>?…`.
+        let broker_db = procs
+            .iter()
+            .find(|(_, cmd)| cmd.contains("nisshi") && cmd.contains(" broker "))
+            .and_then(|(_, cmd)| {
+                let url = cmd
+                    .split_whitespace()
+                    .find(|w| w.starts_with("postgres://"))?;
+                let path = url.rsplit_once('/')?.1;
+                Some(path.split('?').next()?.to_owned())
+            });
+        for (pid, cmd) in &procs {
+            let part = if ingest_pids.contains(pid) {
+                Part::Ingest
+            } else if cmd.contains("nisshi") && cmd.contains(" broker ") {
+                Part::Broker
+            } else if let Some(title) = cmd.strip_prefix("postgres: ") {
+                // A backend's title: `<cluster>: <user> <database> <client> <state>`.
+                match title.split_whitespace().nth(2) {
+                    Some(db) if Some(db) == broker_db.as_deref() => Part::BrokerPostgres,
+                    Some(db) if db == ingest_db => Part::IngestPostgres,
+                    _ => Part::OtherPostgres,
+                }
+            } else {
+                continue;
+            };
+            if let Some(cpu) = cpu_seconds(*pid) {
+                by_pid.insert(*pid, (part, cpu));
+            }
+        }
+        Self { by_pid }
+    }
+
+    /// CPU seconds each part used since `before` (a process started since
+    /// counts all of its CPU time).
+    pub(crate) fn since(&self, before: &Sample) -> HashMap<Part, f64> {
+        let mut used = HashMap::new();
+        for (pid, (part, cpu)) in &self.by_pid {
+            let earlier = before.by_pid.get(pid).map_or(0.0, |(_, c)| *c);
+            *used.entry(*part).or_insert(0.0) += cpu - earlier;
+        }
+        used
+    }
+
+    /// Whether a broker process was found on this machine.
+    pub(crate) fn has_broker(&self) -> bool {
+        self.by_pid.values().any(|(part, _)| *part == Part::Broker)
+    }
+}

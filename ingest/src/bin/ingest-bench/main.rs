@@ -1,0 +1,312 @@
+//! `ingest-bench`: how fast ingest moves usage events from Kafka into
+//! Postgres, next to three ceilings it cannot beat on this machine, and how soon
+//! an event is visible. Run it with `scripts/bench-ingest.sh [flags]`.
+//!
+//! One run, on a fresh database `bench_<random>` and a fresh 4-partition
+//! topic `bench.<random>`:
+//! 1. N events of the five reference tenants are produced (idempotent,
+//!    acks=all, lz4, linger 5 ms); the produce rate is informational;
+//! 2. ceiling (a): plain consumers read (and copy) all N from the broker;
+//! 3. ceiling (b): COPY of the same N rows (formatting included) into
+//!    `request_log_raw`, a plain copy of request_log without indexes;
+//!    and (c), what ingest's design itself allows with no broker in front:
+//!    the same N events, decoded beforehand, committed batch by batch with
+//!    ingest's own `store::commit_batch` (dedupe, hourly, offsets: every
+//!    transaction ingest runs) into a second fresh database;
+//!    each with as many readers / connections as `--processes`, every one on
+//!    its share of the partitions, as that many ingest processes would be;
+//! 4. the real `ingest` binary runs as `--processes` processes of one
+//!    consumer group, timed from their start until their offsets in Postgres
+//!    cover all N, with peak RSS, CPU time and commit times (from their
+//!    `/metrics`); request_log and usage_hourly are then checked against N;
+//! 5. freshness: M more events at a fixed rate into the same running ingest,
+//!    produce → visible in request_log, as percentiles.
+
+#![allow(clippy::print_stdout, reason = "a benchmark prints its report")]
+
+mod ceilings;
+mod cpu_time;
+mod freshness;
+mod processes;
+mod report;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use chrono::{DateTime, TimeDelta, Utc};
+use clap::Parser;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientConfig;
+use rust_decimal::Decimal;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, PgPool};
+use usage_contract::FinishReason as F;
+use usage_contract::{RequestId, UsageEvent};
+
+use ceilings::{broker_read, copy_raw, transactions_alone};
+use freshness::freshness;
+use processes::{wait_ingested, Ingests};
+use report::{report, Measured};
+
+const PARTITIONS: i32 = 4;
+const TENANTS: [(&str, i16); 5] = [
+    ("acme-corp", 5),
+    ("medai-labs", 4),
+    ("finserv-team", 3),
+    ("research-squad", 2),
+    ("codegen-platform", 1),
+];
+const MODELS: [&str; 2] = ["llama-3.1-8b", "llama-3.1-70b"];
+/// The freshness producer lingers 20 ms, not 5: at a steady 2000/s, librdkafka
+/// with linger 5 ms busy-polls (measured here: ~70% of a core, against 10-20%
+/// at 20 ms), which on a small machine takes CPU from the ingest being measured.
+const FRESH_LINGER_MS: &str = "20";
+
+/// Ingest throughput against the broker-read and COPY ceilings, and freshness.
+#[derive(Parser)]
+struct Args {
+    /// Events produced and ingested in bulk.
+    #[arg(long, default_value_t = 200_000)]
+    events: usize,
+    /// Events produced at `--rate` afterwards, for produce → visible latency.
+    #[arg(long, default_value_t = 20_000)]
+    fresh_events: usize,
+    /// Events per second during the freshness phase.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
+    rate: u32,
+    /// Passed to ingest as INGEST_MAX_BATCH (default: what ingest would use).
+    #[arg(long)]
+    max_batch: Option<usize>,
+    /// Passed to ingest as INGEST_LINGER_MS (default: what ingest would use).
+    #[arg(long)]
+    linger_ms: Option<u64>,
+    /// Keep the bench database afterwards.
+    #[arg(long)]
+    keep: bool,
+    /// The server to create the bench database on (its database name is not used).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    database_url: String,
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    kafka_brokers: String,
+    /// Ingest processes sharing the topic's partitions (one consumer group);
+    /// ceilings (a) and (c) use as many readers and connections.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=4))]
+    processes: i32,
+    /// How the bulk events' times (and so their request ids) are ordered.
+    #[arg(long, value_enum, default_value_t = Order::Arrival)]
+    order: Order,
+}
+
+/// The order of the bulk events' request ids on the topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Order {
+    /// As a gateway emits them: spread evenly over the last 4 hours, each
+    /// started up to 20 s before its place in the stream (requests of
+    /// different lengths finish out of order), so ids arrive almost sorted.
+    Arrival,
+    /// Each at a random time in the last 4 hours (a pessimistic order: every
+    /// insert lands at a random place in the primary key).
+    Random,
+}
+
+/// Ingest's own settings as it would read them from this environment.
+#[derive(Parser)]
+struct IngestSettings {
+    #[command(flatten)]
+    config: ingest::IngestConfig,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut args = Args::parse();
+    let ingest = IngestSettings::try_parse_from(["ingest"])?.config;
+    args.max_batch.get_or_insert(ingest.max_batch);
+    args.linger_ms.get_or_insert(ingest.linger_ms);
+    let mut rng = StdRng::from_os_rng();
+    let suffix = format!("{:08x}", rng.random::<u32>());
+    let base: PgConnectOptions = args.database_url.parse().context("DATABASE_URL")?;
+    let db = format!("bench_{suffix}");
+    // The second database takes ceiling (c)'s rows, so that the real
+    // ingest meets an empty request_log in the first.
+    let tx_db = format!("{db}_tx");
+    let mut admin = base.clone().database("postgres").connect().await?;
+    for name in [&db, &tx_db] {
+        let create = format!("CREATE DATABASE {name}");
+        sqlx::query(&create).execute(&mut admin).await?;
+    }
+    let url = |name: &str| base.clone().database(name).to_url_lossy().to_string();
+    let result = run(&args, [&url(&db), &url(&tx_db)], &suffix, &mut rng).await;
+    for name in [&db, &tx_db] {
+        if args.keep {
+            println!("kept database {name}");
+        } else {
+            let drop = format!("DROP DATABASE {name} WITH (FORCE)");
+            sqlx::query(&drop).execute(&mut admin).await?;
+        }
+    }
+    result
+}
+
+/// `urls`: the database ingest writes to, and the one for ceiling (c).
+async fn run(args: &Args, urls: [&str; 2], suffix: &str, rng: &mut StdRng) -> Result<()> {
+    let (n, load) = (args.events, std::fs::read_to_string("/proc/loadavg")?);
+    let [url, tx_url] = urls;
+    let pool = bench_database(url).await?;
+    let topic = format!("bench.{suffix}");
+    usage_contract::topic::create(&args.kafka_brokers, &topic, PARTITIONS).await?;
+    let now_ms = Utc::now().timestamp_millis();
+    let mut events = Vec::with_capacity(n);
+    const SPAN_MS: i64 = 4 * 3_600_000;
+    for i in 0..n {
+        let ago = match args.order {
+            Order::Arrival => SPAN_MS - SPAN_MS * i as i64 / n as i64 + rng.random_range(0..20_000),
+            Order::Random => rng.random_range(60_000..SPAN_MS),
+        };
+        events.push(event(rng, i, millis(now_ms - ago)?));
+    }
+    let hashes: Vec<[u8; 32]> = events.iter().map(UsageEvent::content_hash).collect();
+
+    println!("producing {n} events to {topic}");
+    let started = Instant::now();
+    let bulk_producer = producer(&args.kafka_brokers, "5")?;
+    let mut acks = Vec::with_capacity(n);
+    for e in &events {
+        acks.push(send(&bulk_producer, &topic, &e.tenant_id, &e.to_json()).await?);
+    }
+    delivered(acks).await?;
+    drop(bulk_producer);
+    let produce = started.elapsed();
+    println!("ceiling (a): reading them back from the broker");
+    let read = broker_read(&args.kafka_brokers, &topic, n, args.processes)?;
+    println!("ceiling (b): COPY into request_log_raw");
+    let copy = copy_raw(&pool, &events, &hashes, args.processes).await?;
+    drop(hashes);
+    println!("ceiling (c): ingest's transactions alone, into a second database");
+    let max_batch = args.max_batch.unwrap_or(5000).max(1);
+    let transactions =
+        transactions_alone(tx_url, &topic, &events, max_batch, args.processes).await?;
+    drop(events);
+
+    println!("ingest: until its offsets cover all {n} events");
+    let ingest_db: PgConnectOptions = url.parse()?;
+    let ingest_db = ingest_db.get_database().unwrap_or_default().to_owned();
+    let broker_here = cpu_time::Sample::take(&ingest_db, &[]).has_broker();
+    let mut ingest = Ingests::start(args, url, &topic, suffix)?;
+    let bulk = wait_ingested(&pool, &mut ingest, n, &ingest_db).await?;
+    let metrics = ingest.scrape();
+    let checks = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM request_log),
+                (SELECT coalesce(sum(requests), 0)::bigint FROM usage_hourly),
+                (SELECT count(*) FROM dead_letters)",
+    )
+    .fetch_one(&pool)
+    .await?;
+    println!("freshness: {} events at {}/s", args.fresh_events, args.rate);
+    let fresh = freshness(args, &topic, &pool, &mut ingest, rng).await;
+    let hwm_kib = ingest.max_kib("VmHWM:");
+    ingest.stop().await;
+    let fresh = fresh?;
+    let measured = Measured {
+        load,
+        produce,
+        read,
+        copy,
+        transactions,
+        bulk,
+        broker_here,
+        metrics,
+        checks,
+        hwm_kib,
+        fresh,
+    };
+    report(args, &measured)
+}
+
+/// A fresh bench database with its schema and the five reference tenants.
+async fn bench_database(url: &str) -> Result<PgPool> {
+    let pool = schema::connect(url, 4, Duration::from_secs(10)).await?;
+    sqlx::query(
+        "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
+         SELECT t, t, 'standard', p, 'per_token' FROM UNNEST($1::text[], $2::smallint[]) x(t, p)",
+    )
+    .bind(TENANTS.map(|t| t.0))
+    .bind(TENANTS.map(|t| t.1))
+    .execute(&pool)
+    .await?;
+    Ok(pool)
+}
+
+fn millis(ms: i64) -> Result<DateTime<Utc>> {
+    DateTime::from_timestamp_millis(ms).context("time out of range")
+}
+
+/// A valid v1 event of tenant `i % 5`, like the fault drill's.
+fn event(rng: &mut StdRng, i: usize, started_at: DateTime<Utc>) -> UsageEvent {
+    let (tenant, priority) = TENANTS[i % TENANTS.len()];
+    let prompt = rng.random_range(1..8_000);
+    UsageEvent {
+        schema_version: 1,
+        request_id: RequestId::at(started_at),
+        tenant_id: tenant.into(),
+        api_key_id: format!("key_{tenant}"),
+        model: MODELS[i % 2].into(),
+        model_version: "2026.10".into(),
+        priority,
+        started_at,
+        first_token_at: None,
+        finished_at: started_at + TimeDelta::milliseconds(rng.random_range(50..20_000)),
+        prompt_tokens: prompt,
+        cached_tokens: rng.random_range(0..=prompt),
+        completion_tokens: rng.random_range(0..2_000),
+        gpu_seconds: Decimal::new(rng.random_range(1..50_000_000), 6),
+        preempted_gpu_seconds: Decimal::new(rng.random_range(0..1_000), 6),
+        finish_reason: [F::Stop, F::Length, F::Cancelled, F::Error][rng.random_range(0..4)],
+        ttft_ms: Some(120),
+        tpot_ms: Some(8),
+        replica_id: "r0".into(),
+        gateway_id: "gw-bench".into(),
+        stream: false,
+    }
+}
+
+/// The gateway relay's producer settings, with the given linger.
+fn producer(brokers: &str, linger_ms: &str) -> Result<FutureProducer> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", linger_ms)
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?)
+}
+
+/// Queues one message (waiting while librdkafka's queue is full).
+async fn send(p: &FutureProducer, topic: &str, key: &str, body: &[u8]) -> Result<DeliveryFuture> {
+    loop {
+        match p.send_result(FutureRecord::to(topic).key(key).payload(body)) {
+            Ok(ack) => return Ok(ack),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err((e, _)) => return Err(e.into()),
+        }
+    }
+}
+
+async fn delivered(acks: Vec<DeliveryFuture>) -> Result<()> {
+    for ack in acks {
+        ack.await
+            .context("delivery cancelled")?
+            .map_err(|(e, _)| e)?;
+    }
+    Ok(())
+}
