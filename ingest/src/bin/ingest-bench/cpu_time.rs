@@ -40,29 +40,12 @@ impl Sample {
                 Some((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")))
             })
             .collect();
-        // nisshi is started with `--storage-engine postgres://…/<db>?…`.
-        let broker_db = procs
-            .iter()
-            .find(|(_, cmd)| cmd.contains("nisshi") && cmd.contains(" broker "))
-            .and_then(|(_, cmd)| {
-                let url = cmd
-                    .split_whitespace()
-                    .find(|w| w.starts_with("postgres://"))?;
-                let path = url.rsplit_once('/')?.1;
-                Some(path.split('?').next()?.to_owned())
-            });
+        let broker_db = procs.iter().find_map(|(_, cmd)| broker_database(cmd));
         for (pid, cmd) in &procs {
             let part = if ingest_pids.contains(pid) {
                 Part::Ingest
-            } else if cmd.contains("nisshi") && cmd.contains(" broker ") {
-                Part::Broker
-            } else if let Some(title) = cmd.strip_prefix("postgres: ") {
-                // A backend's title: `<cluster>: <user> <database> <client> <state>`.
-                match title.split_whitespace().nth(2) {
-                    Some(db) if Some(db) == broker_db.as_deref() => Part::BrokerPostgres,
-                    Some(db) if db == ingest_db => Part::IngestPostgres,
-                    _ => Part::OtherPostgres,
-                }
+            } else if let Some(part) = classify(cmd, broker_db.as_deref(), ingest_db) {
+                part
             } else {
                 continue;
             };
@@ -87,5 +70,69 @@ impl Sample {
     /// Whether a broker process was found on this machine.
     pub(crate) fn has_broker(&self) -> bool {
         self.by_pid.values().any(|(part, _)| *part == Part::Broker)
+    }
+}
+
+fn is_broker(cmd: &str) -> bool {
+    cmd.contains("nisshi") && cmd.contains(" broker ")
+}
+
+/// The database a nisshi broker keeps its log in: it is started with
+/// `--storage-engine postgres://…/<db>?…`.
+fn broker_database(cmd: &str) -> Option<String> {
+    if !is_broker(cmd) {
+        return None;
+    }
+    let url = cmd
+        .split_whitespace()
+        .find(|w| w.starts_with("postgres://"))?;
+    let path = url.rsplit_once('/')?.1;
+    Some(path.split('?').next()?.to_owned())
+}
+
+/// Which part a process with this command line belongs to, if any.
+fn classify(cmd: &str, broker_db: Option<&str>, ingest_db: &str) -> Option<Part> {
+    if is_broker(cmd) {
+        return Some(Part::Broker);
+    }
+    // A backend's title: `postgres: <cluster>: <user> <database> <client> <state>`;
+    // background processes have no database there.
+    let title = cmd.strip_prefix("postgres: ")?;
+    Some(match title.split_whitespace().nth(2) {
+        Some(db) if Some(db) == broker_db => Part::BrokerPostgres,
+        Some(db) if db == ingest_db => Part::IngestPostgres,
+        _ => Part::OtherPostgres,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NISSHI: &str = "/root/.cache/meterline/nisshi-0.8.1/bin/nisshi broker --storage-engine \
+        postgres://postgres:postgres@127.0.0.1:5432/nisshi?sslmode=disable --listener-url \
+        tcp://127.0.0.1:9092 ";
+
+    #[test]
+    fn finds_the_brokers_database_in_its_command_line() {
+        assert_eq!(broker_database(NISSHI).as_deref(), Some("nisshi"));
+        assert_eq!(broker_database("/usr/bin/postgres -D /var/lib/x "), None);
+    }
+
+    #[test]
+    fn tells_backends_apart_by_database() {
+        fn part(cmd: &str) -> Option<Part> {
+            classify(cmd, Some("nisshi"), "bench_0a1b2c3d")
+        }
+        assert_eq!(part(NISSHI), Some(Part::Broker));
+        let backend = |db: &str| format!("postgres: 15/main: postgres {db} 127.0.0.1(54406) idle");
+        assert_eq!(part(&backend("nisshi")), Some(Part::BrokerPostgres));
+        assert_eq!(part(&backend("bench_0a1b2c3d")), Some(Part::IngestPostgres));
+        assert_eq!(part(&backend("meterline")), Some(Part::OtherPostgres));
+        assert_eq!(
+            part("postgres: 15/main: walwriter "),
+            Some(Part::OtherPostgres)
+        );
+        assert_eq!(part("target/release/ingest-bench --processes 2 "), None);
     }
 }
