@@ -1,12 +1,22 @@
 //! Produce → visible latency at a fixed rate, into the running ingest.
+//!
+//! When an event became visible is known per batch: every row a batch
+//! inserts has the same `ingested_at` (its transaction's start), and batches
+//! of one ingest process commit in the order they start. So the batches,
+//! ordered by `ingested_at`, with their row counts, say at which running
+//! total of new rows each one became visible, and ~10 ms polls of that total
+//! say when. With several processes, batches that overlap are taken in the
+//! order they started.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Result};
-use chrono::Utc;
+use anyhow::{bail, ensure, Result};
+use chrono::{DateTime, Utc};
 use rand::rngs::StdRng;
 use sqlx::PgPool;
 use usage_contract::RequestId;
+use uuid::Uuid;
 
 use crate::processes::{cpu_seconds, Ingests};
 use crate::{delivered, event, millis, producer, send, Args, FRESH_LINGER_MS};
@@ -40,7 +50,7 @@ pub(crate) async fn freshness(
     for i in 0..m {
         tick.tick().await;
         let e = event(rng, i, millis(Utc::now().timestamp_millis())?);
-        sent.push(Instant::now());
+        sent.push((e.request_id.as_uuid(), Instant::now()));
         acks.push(send(&producer, topic, &e.tenant_id, &e.to_json()).await?);
     }
     delivered(acks).await?;
@@ -48,22 +58,56 @@ pub(crate) async fn freshness(
     let samples = poller.await??;
     let secs = started.elapsed().as_secs_f64();
     let cpu_s = cpu_seconds(std::process::id()).unwrap_or(f64::NAN) - cpu_before;
-    let (mut polls, mut at) = (samples.iter(), None);
+    let visible = batch_visibility(pool, since, &samples).await?;
     let mut latencies = Vec::with_capacity(m);
-    for (i, sent) in sent.iter().enumerate() {
-        while at.is_none_or(|(_, count)| count < i as i64 + 1) {
-            at = polls.next().copied();
-            ensure!(at.is_some(), "event {i} never became visible");
-        }
-        if let Some((t, _)) = at {
-            latencies.push(t.saturating_duration_since(*sent).as_secs_f64() * 1000.0);
-        }
+    for (id, sent) in &sent {
+        let Some(at) = visible.get(id) else {
+            bail!("event {id} is not in request_log");
+        };
+        latencies.push(at.saturating_duration_since(*sent).as_secs_f64() * 1000.0);
     }
     Ok(Fresh {
         latencies_ms: latencies,
         secs,
         cpu_s,
     })
+}
+
+/// When each new request became visible: its batch's place in the running
+/// total of new rows, found in the polls' `samples`.
+async fn batch_visibility(
+    pool: &PgPool,
+    since: Uuid,
+    samples: &[(Instant, i64)],
+) -> Result<HashMap<Uuid, Instant>> {
+    let rows: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT request_id, ingested_at FROM request_log WHERE request_id >= $1
+         ORDER BY ingested_at",
+    )
+    .bind(since)
+    .fetch_all(pool)
+    .await?;
+    let mut at_batch: HashMap<DateTime<Utc>, Instant> = HashMap::new();
+    let mut polls = samples.iter();
+    let mut poll = polls.next();
+    for (i, (_, batch)) in rows.iter().enumerate() {
+        let last_of_batch = rows.get(i + 1).is_none_or(|(_, next)| next != batch);
+        if !last_of_batch {
+            continue;
+        }
+        // The batch is visible at the first poll that counted all rows so far.
+        while poll.is_some_and(|(_, count)| *count < i as i64 + 1) {
+            poll = polls.next();
+        }
+        let Some((t, _)) = poll else {
+            bail!("no poll saw the batch started at {batch}");
+        };
+        at_batch.insert(*batch, *t);
+    }
+    Ok(rows
+        .iter()
+        .filter_map(|(id, batch)| Some((*id, *at_batch.get(batch)?)))
+        .collect())
 }
 
 /// (time, count of new request_log rows), every ~10 ms until all M are there.
