@@ -65,6 +65,8 @@ echo "demo: gateway :8080, billing-api :8082, ingest metrics :9101, archiver met
 target/debug/demo
 # The archiver writes a batch once its first message has waited ARCHIVE_LINGER_MS.
 sleep $(( ARCHIVE_LINGER_MS / 1000 + 2 ))
-echo "demo: archive in $ARCHIVE_URL: $(psql "$DATABASE_URL" -X -A -t -c \
-  "SELECT count(path) || ' Parquet files, ' || coalesce(sum(rows), 0) || ' events' FROM archive_manifest" 2>/dev/null || echo 'manifest not readable')"
+# The manifest is the database's: it also lists what earlier demo runs on this
+# database archived (their files are where those runs' ARCHIVE_URL was).
+echo "demo: archive manifest, every run on this database: $(psql "$DATABASE_URL" -X -A -t -c \
+  "SELECT count(path) || ' Parquet files, ' || coalesce(sum(rows), 0) || ' events' FROM archive_manifest" 2>/dev/null || echo 'not readable'); this run's files are in $ARCHIVE_URL"
 echo "demo: services are still running; stop them with: scripts/demo.sh stop"
