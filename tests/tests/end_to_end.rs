@@ -535,11 +535,11 @@ async fn gateway_sigkill_mid_traffic_bills_each_answered_request_once() {
     let (mut answered, mut cut) = (HashSet::new(), 0usize);
     for c in clients {
         let (ids, _limited, lost) = c.await.unwrap();
-        answered.extend(
-            ids.into_iter().map(|id| {
-                uuid::Uuid::parse_str(id.trim_start_matches("req_")).expect("request id")
-            }),
-        );
+        answered.extend(ids.into_iter().map(|id| {
+            id.parse::<usage_contract::RequestId>()
+                .expect("request id")
+                .as_uuid()
+        }));
         cut += lost;
     }
     assert!(answered.len() > 100, "only {} answered", answered.len());

@@ -24,6 +24,19 @@ const COPY: &str = "COPY request_log_raw (request_id, tenant_id, api_key_id, mod
     tpot_ms, replica_id, gateway_id, stream, content_hash, kafka_partition, kafka_offset) \
     FROM STDIN";
 
+/// Where (b) and (c) put event `i`: the events are spread over the
+/// partitions in turn, so partition `i % PARTITIONS` at offset
+/// `i / PARTITIONS`.
+fn place(i: usize) -> (i32, i64) {
+    (i as i32 % PARTITIONS, i as i64 / i64::from(PARTITIONS))
+}
+
+/// Which of `streams` readers or connections takes `partition`, as a group
+/// of that many ingest processes would share them.
+fn share_of(partition: i32, streams: i32) -> i32 {
+    partition % streams
+}
+
 /// Ceiling (c): every transaction ingest would run for `events`, with the
 /// broker and the decoding taken away. The events are spread over the
 /// partitions in turn; each of `streams` connections takes its share of the
@@ -41,10 +54,10 @@ pub(crate) async fn transactions_alone(
     let now = Utc::now();
     let mut shares: Vec<Vec<RawMessage>> = (0..streams).map(|_| Vec::new()).collect();
     for (i, e) in events.iter().enumerate() {
-        let partition = i as i32 % PARTITIONS;
-        shares[(partition % streams) as usize].push(RawMessage {
+        let (partition, offset) = place(i);
+        shares[share_of(partition, streams) as usize].push(RawMessage {
             partition,
-            offset: i as i64 / i64::from(PARTITIONS),
+            offset,
             payload: e.to_json(),
             decoded: None,
         });
@@ -139,7 +152,7 @@ fn read_partitions(
         .set("fetch.wait.max.ms", "50")
         .create()?;
     let mut tpl = TopicPartitionList::new();
-    for p in (r..PARTITIONS).step_by(readers as usize) {
+    for p in (0..PARTITIONS).filter(|p| share_of(*p, readers) == r) {
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
     consumer.assign(&tpl)?;
@@ -215,8 +228,9 @@ async fn copy_share(
         .iter()
         .zip(hashes)
         .enumerate()
-        .filter(|(i, _)| *i as i32 % PARTITIONS % streams == r);
+        .filter(|(i, _)| share_of(place(*i).0, streams) == r);
     for (i, (e, hash)) in mine {
+        let (partition, offset) = place(i);
         let first = opt(e.first_token_at.map(ts));
         let (ttft, tpot) = (
             opt(e.ttft_ms.map(|v| v.to_string())),
@@ -232,7 +246,7 @@ async fn copy_share(
         for b in hash {
             write!(buf, "{b:02x}")?;
         }
-        writeln!(buf, "\t{}\t{i}", i as i32 % PARTITIONS)?;
+        writeln!(buf, "\t{partition}\t{offset}")?;
         if buf.len() >= 4 << 20 {
             copy.send(buf.as_bytes()).await?;
             buf.clear();

@@ -66,11 +66,6 @@ impl Sample {
         }
         used
     }
-
-    /// Whether a broker process was found on this machine.
-    pub(crate) fn has_broker(&self) -> bool {
-        self.by_pid.values().any(|(part, _)| *part == Part::Broker)
-    }
 }
 
 fn is_broker(cmd: &str) -> bool {

@@ -79,11 +79,17 @@ struct Args {
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
     rate: u32,
     /// Passed to ingest as INGEST_MAX_BATCH (default: what ingest would use).
-    #[arg(long)]
-    max_batch: Option<usize>,
+    #[arg(long = "max-batch")]
+    max_batch_flag: Option<usize>,
     /// Passed to ingest as INGEST_LINGER_MS (default: what ingest would use).
-    #[arg(long)]
-    linger_ms: Option<u64>,
+    #[arg(long = "linger-ms")]
+    linger_ms_flag: Option<u64>,
+    /// INGEST_MAX_BATCH and INGEST_LINGER_MS as ingest runs with them: the
+    /// flags, else ingest's defaults in this environment (set by `main`).
+    #[arg(skip)]
+    max_batch: usize,
+    #[arg(skip)]
+    linger_ms: u64,
     /// Keep the bench database afterwards.
     #[arg(long)]
     keep: bool,
@@ -127,9 +133,12 @@ struct IngestSettings {
 #[tokio::main]
 async fn main() -> Result<()> {
     let mut args = Args::parse();
-    let ingest = IngestSettings::try_parse_from(["ingest"])?.config;
-    args.max_batch.get_or_insert(ingest.max_batch);
-    args.linger_ms.get_or_insert(ingest.linger_ms);
+    let mut ingest = IngestSettings::try_parse_from(["ingest"])?.config;
+    ingest.max_batch = args.max_batch_flag.unwrap_or(ingest.max_batch);
+    ingest.linger_ms = args.linger_ms_flag.unwrap_or(ingest.linger_ms);
+    // Ingest's own checks, so a bad flag fails here, naming the setting.
+    ingest.validate()?;
+    (args.max_batch, args.linger_ms) = (ingest.max_batch, ingest.linger_ms);
     let mut rng = StdRng::from_os_rng();
     let suffix = format!("{:08x}", rng.random::<u32>());
     let base: PgConnectOptions = args.database_url.parse().context("DATABASE_URL")?;
@@ -190,15 +199,13 @@ async fn run(args: &Args, urls: [&str; 2], suffix: &str, rng: &mut StdRng) -> Re
     let copy = copy_raw(&pool, &events, &hashes, args.processes).await?;
     drop(hashes);
     println!("ceiling (c): ingest's transactions alone, into a second database");
-    let max_batch = args.max_batch.unwrap_or(5000).max(1);
     let transactions =
-        transactions_alone(tx_url, &topic, &events, max_batch, args.processes).await?;
+        transactions_alone(tx_url, &topic, &events, args.max_batch, args.processes).await?;
     drop(events);
 
     println!("ingest: until its offsets cover all {n} events");
     let ingest_db: PgConnectOptions = url.parse()?;
     let ingest_db = ingest_db.get_database().unwrap_or_default().to_owned();
-    let broker_here = cpu_time::Sample::take(&ingest_db, &[]).has_broker();
     let mut ingest = Ingests::start(args, url, &topic, suffix)?;
     let bulk = wait_ingested(&pool, &mut ingest, n, &ingest_db).await?;
     let metrics = ingest.scrape();
@@ -221,7 +228,6 @@ async fn run(args: &Args, urls: [&str; 2], suffix: &str, rng: &mut StdRng) -> Re
         copy,
         transactions,
         bulk,
-        broker_here,
         metrics,
         checks,
         hwm_kib,

@@ -12,7 +12,6 @@ use anyhow::{bail, ensure, Context, Result};
 use sqlx::PgPool;
 
 use crate::cpu_time::{Part, Sample};
-
 use crate::Args;
 
 /// The real ingest binary, next to this one, as `--processes` child
@@ -62,19 +61,24 @@ impl Ingests {
         self.procs.iter().map(|p| p.pid).collect()
     }
 
+    /// SIGTERM to all at once (so none takes over the partitions of another
+    /// that stops first), then waits for each.
     pub(crate) async fn stop(self) {
+        for p in &self.procs {
+            p.terminate();
+        }
         for p in self.procs {
-            p.stop().await;
+            p.wait_stopped().await;
         }
     }
 }
 
 /// One ingest process.
 struct Ingest {
-    pub(crate) child: tokio::process::Child,
-    pub(crate) pid: u32,
-    pub(crate) metrics_addr: std::net::SocketAddr,
-    pub(crate) log: PathBuf,
+    child: tokio::process::Child,
+    pid: u32,
+    metrics_addr: std::net::SocketAddr,
+    log: PathBuf,
 }
 
 impl Ingest {
@@ -94,10 +98,8 @@ impl Ingest {
             .stdout(out.try_clone()?)
             .stderr(out)
             .kill_on_drop(true);
-        if let (Some(batch), Some(linger)) = (args.max_batch, args.linger_ms) {
-            cmd.env("INGEST_MAX_BATCH", batch.to_string());
-            cmd.env("INGEST_LINGER_MS", linger.to_string());
-        }
+        cmd.env("INGEST_MAX_BATCH", args.max_batch.to_string())
+            .env("INGEST_LINGER_MS", args.linger_ms.to_string());
         let child = cmd
             .spawn()
             .with_context(|| format!("start {}", bin.display()))?;
@@ -129,13 +131,17 @@ impl Ingest {
         Ok(text)
     }
 
-    /// SIGTERM (ingest commits what it holds), SIGKILL after 30 s. The log
-    /// is kept only if ingest did not stop cleanly.
-    async fn stop(mut self) {
+    /// SIGTERM: ingest commits what it holds and leaves the group.
+    fn terminate(&self) {
         let pid = self.pid.to_string();
         let _ = std::process::Command::new("kill")
             .args(["-TERM", &pid])
             .status();
+    }
+
+    /// Waits for the exit after [`Self::terminate`], SIGKILL after 30 s. The
+    /// log is kept only if ingest did not stop cleanly.
+    async fn wait_stopped(mut self) {
         match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
             Ok(Ok(status)) if status.success() => {
                 let _ = std::fs::remove_file(&self.log);
@@ -197,7 +203,7 @@ pub(crate) async fn wait_ingested(
 ) -> Result<Bulk> {
     let (mut first, mut max_rss_kib) = (None, 0);
     let sample = |ingest: &Ingests| Sample::take(ingest_db, &ingest.pids());
-    let mut at_first = Sample::default();
+    let mut cpu_at_first = Sample::default();
     let query = "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets
                  WHERE consumer_group = $1";
     loop {
@@ -210,10 +216,10 @@ pub(crate) async fn wait_ingested(
         let now = ingest.started.elapsed();
         if done > 0 && first.is_none() {
             first = Some((now, done));
-            at_first = sample(ingest);
+            cpu_at_first = sample(ingest);
         }
         if done >= n as i64 {
-            let steady_cpu = sample(ingest).since(&at_first);
+            let steady_cpu = sample(ingest).since(&cpu_at_first);
             let (first, at_first) = first.unwrap_or((now, done));
             let cpu_s = ingest.cpu_seconds();
             return Ok(Bulk {

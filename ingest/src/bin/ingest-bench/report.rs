@@ -17,8 +17,6 @@ pub(crate) struct Measured {
     pub(crate) copy: Duration,
     pub(crate) transactions: Duration,
     pub(crate) bulk: Bulk,
-    /// Whether the broker runs on this machine (else it has no CPU figure).
-    pub(crate) broker_here: bool,
     /// `/metrics` of each ingest process.
     pub(crate) metrics: Vec<String>,
     /// request_log rows, usage_hourly requests, dead letters.
@@ -78,7 +76,7 @@ pub(crate) fn report(args: &Args, r: &Measured) -> Result<()> {
     let own_cpu = 100.0 * r.fresh.cpu_s / r.fresh.secs;
     let cpu_split = cpu_split(r, steady_s, n as i64 - at_first);
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
-    let (max_batch, linger_ms) = (args.max_batch.unwrap_or(0), args.linger_ms.unwrap_or(0));
+    let (max_batch, linger_ms) = (args.max_batch, args.linger_ms);
     let load = r.load.split_whitespace().next().unwrap_or("?");
     let order = args.order;
     println!(
@@ -131,7 +129,8 @@ fn cpu_split(r: &Measured, secs: f64, events: i64) -> String {
     );
     let all = nisshi + nisshi_pg + ingest_pg + other_pg + ingest;
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
-    let broker = if r.broker_here {
+    // A broker process seen on this machine has an entry, even at 0 s.
+    let broker = if r.bulk.steady_cpu.contains_key(&Part::Broker) {
         format!(
             "broker {:.1} us (nisshi {:.1} + its Postgres {:.1}), ",
             us(nisshi + nisshi_pg),
