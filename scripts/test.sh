@@ -8,6 +8,7 @@ cd "$ROOT"
 command -v cargo >/dev/null || { echo "error: cargo not found; install Rust with rustup" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 bash scripts/stack.sh up
+bash scripts/ensure-tools.sh
 # shellcheck disable=SC1091
 . .stack/env
 echo "== cargo fmt --check"

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the outside validators the test suite runs against Meterline's
+# own output, each by package name from its registry, only when missing.
+# Each tool has its own section; the tests that use one fail (never skip)
+# when it is absent.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+APT_UPDATED=""
+apt_install() {
+  if [ -z "$APT_UPDATED" ]; then
+    apt-get update -qq >/dev/null
+    APT_UPDATED=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# == promtool (Debian's prometheus package): `promtool check metrics` on every /metrics
+
+# == schemathesis (PyPI): schema-driven testing of billing-api's /openapi.json
+
+# == FOCUS validator (PyPI): the FOCUS exports, CSV and Parquet
