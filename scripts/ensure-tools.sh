@@ -15,6 +15,10 @@ apt_install() {
 }
 
 # == promtool (Debian's prometheus package): `promtool check metrics` on every /metrics
+if ! command -v promtool >/dev/null 2>&1; then
+  # The package also brings a prometheus server unit; only promtool is used.
+  apt_install prometheus
+fi
 
 # == schemathesis (PyPI): schema-driven testing of billing-api's /openapi.json
 
