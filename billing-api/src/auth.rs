@@ -51,6 +51,14 @@ pub async fn put_token(
     Ok(())
 }
 
+/// The token of an `Authorization: Bearer <token>` value; the scheme is
+/// case-insensitive (RFC 9110 §11.1).
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 impl FromRequestParts<AppState> for Principal {
     type Rejection = BillingError;
 
@@ -62,9 +70,7 @@ impl FromRequestParts<AppState> for Principal {
             .headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
+            .and_then(bearer_token)
             .ok_or(BillingError::Unauthenticated)?;
         let row: Option<(String, String, Option<String>)> = sqlx::query_as(
             "SELECT token_id, role, tenant_id FROM billing_tokens
@@ -110,4 +116,19 @@ pub async fn audit(
     .execute(pool)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for value in ["Bearer abc", "bearer abc", "BEARER abc", "bEaReR   abc "] {
+            assert_eq!(bearer_token(value), Some("abc"), "{value}");
+        }
+        for value in ["Basic abc", "Bearer", "Bearer ", "Bearerabc", "abc"] {
+            assert_eq!(bearer_token(value), None, "{value}");
+        }
+    }
 }

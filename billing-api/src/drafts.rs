@@ -50,6 +50,22 @@ pub async fn tenants(pool: &PgPool, ids: Option<&[String]>) -> Result<Vec<Tenant
         .collect()
 }
 
+/// One page of tenant ids, in order, after `cursor` (from the first when `None`).
+pub async fn tenant_page(
+    pool: &PgPool,
+    cursor: Option<&str>,
+    limit: i64,
+) -> Result<Vec<String>, BillingError> {
+    let page: Vec<(String,)> = sqlx::query_as(
+        "SELECT tenant_id FROM tenants WHERE $1::text IS NULL OR tenant_id > $1 ORDER BY tenant_id LIMIT $2",
+    )
+    .bind(cursor)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(page.into_iter().map(|(t,)| t).collect())
+}
+
 /// The book in effect on `day`: the latest whose effective date is not after it.
 pub async fn book_for(pool: &PgPool, day: NaiveDate) -> Result<PriceBook, BillingError> {
     let row: Option<(sqlx::types::Json<PriceBook>,)> = sqlx::query_as(

@@ -12,23 +12,31 @@
 //! - [`lookup`]: request lookup for support
 //! - [`export`]: invoice CSV and the FOCUS dataset
 //! - [`routes`]: handlers and the access rules
+//! - [`extract`]: the extractors (rejections in the API's shape) and the NUL check
+//! - [`params`]: parameter formats (tenant ids, months, request ids), one
+//!   pattern each for validation and for the OpenAPI document
 //! - [`openapi`]: the OpenAPI 3 document, generated from the handlers
 //! - [`cost_metrics`]: `/metrics` for cost tools (GPU-seconds, cost, preemption waste)
 //! - [`service`], [`error`]: router, config and the one error → HTTP mapping
 //!
-//! Invariant: every handler checks the caller with `routes::check` before
+//! Invariants: every handler checks the caller with `routes::check` before
 //! it reads anything; a team lead asking about another tenant gets a 404,
-//! never a 403. Every read of money is written to `audit_log`.
+//! never a 403. Every read of money is written to `audit_log`. Every error,
+//! rejected input and unknown paths included, is `{"error": {"code",
+//! "message"}}`, and the OpenAPI document lists each status an operation
+//! can answer (schemathesis checks it in `tests/tests/openapi_conformance.rs`).
 
 pub mod auth;
 pub mod cost_metrics;
 pub mod drafts;
 pub mod error;
 pub mod export;
+pub mod extract;
 pub mod invoice;
 pub mod lifecycle;
 pub mod lookup;
 pub mod openapi;
+pub mod params;
 pub mod period;
 pub mod rating;
 pub mod routes;

@@ -49,15 +49,6 @@ pub struct Lookup {
     pub invoice: InvoiceRef,
 }
 
-/// Parses `req_<uuid>` (or a bare UUID).
-pub fn parse_id(text: &str) -> Result<Uuid, BillingError> {
-    Uuid::try_parse(text.strip_prefix("req_").unwrap_or(text)).map_err(|_| {
-        BillingError::BadRequest(format!(
-            "{text:?} is not a request id (req_ followed by a UUID)"
-        ))
-    })
-}
-
 pub async fn lookup(pool: &PgPool, id: Uuid) -> Result<Option<Lookup>, BillingError> {
     let record: Option<RequestRecord> = sqlx::query_as(
         "SELECT tenant_id, api_key_id, model, model_version, priority, started_at, first_token_at,

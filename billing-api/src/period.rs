@@ -17,13 +17,17 @@ pub struct Month {
 
 impl Month {
     pub fn parse(text: &str) -> Result<Self, BillingError> {
-        let bad = || BillingError::BadRequest(format!("period {text:?} must be YYYY-MM"));
-        let (y, m) = text.split_once('-').ok_or_else(bad)?;
-        let (year, month) = (y.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
-        if y.len() != 4 || m.len() != 2 || !(1..=12).contains(&month) {
+        let bad = || BillingError::BadRequest(Self::format_error(text));
+        if !crate::params::is_period(text) {
             return Err(bad());
         }
+        let (y, m) = text.split_once('-').ok_or_else(bad)?;
+        let (year, month) = (y.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
         Ok(Self { year, month })
+    }
+
+    fn format_error(text: &str) -> String {
+        format!("period {text:?} must be YYYY-MM")
     }
 
     pub fn containing(at: DateTime<Utc>, tz: Tz) -> Self {
@@ -75,6 +79,25 @@ impl Month {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for Month {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Self::parse(&s).map_err(|_| serde::de::Error::custom(Self::format_error(&s)))
+    }
+}
+
+impl utoipa::PartialSchema for Month {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+        crate::params::pattern_schema(
+            crate::params::PERIOD_PATTERN,
+            "a month, YYYY-MM",
+            crate::params::EXAMPLE_PERIOD,
+        )
+    }
+}
+
+impl utoipa::ToSchema for Month {}
+
 impl std::fmt::Display for Month {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:04}-{:02}", self.year, self.month)
@@ -116,7 +139,15 @@ mod tests {
 
     #[test]
     fn bad_periods_are_named() {
-        for bad in ["2026-13", "26-01", "2026/01", "2026-1"] {
+        for bad in [
+            "2026-13",
+            "26-01",
+            "2026/01",
+            "2026-1",
+            "+202-01",
+            "2026-00",
+            "2026-01\0",
+        ] {
             assert!(Month::parse(bad).is_err(), "{bad}");
         }
     }

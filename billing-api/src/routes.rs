@@ -5,21 +5,29 @@
 //! (another tenant's id is a 404, never a 403, so ids can't be probed);
 //! support looks up requests and sees no money.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use chrono::Utc;
+use chrono::{NaiveDate, Utc};
 use rust_decimal::Decimal;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::auth::{audit, Principal, Role};
 use crate::drafts;
 use crate::error::BillingError;
+use crate::extract::{Json, Path, Query, Text};
+use crate::params::{FocusFormat, InvoiceFormat, RequestId, Share, TenantId};
 use crate::period::Month;
 use crate::rating::PriceBook;
 use crate::service::AppState;
 use crate::{export, lifecycle, lookup, shadow};
+
+/// `{tenant}/…/{period}` in a path.
+#[derive(Deserialize)]
+pub struct TenantMonth {
+    tenant: TenantId,
+    period: Month,
+}
 
 /// What a caller may do with a tenant's data.
 pub(crate) enum Access {
@@ -52,66 +60,64 @@ async fn known_tenant(state: &AppState, tenant: &str) -> Result<drafts::Tenant, 
         .ok_or(BillingError::NotFound)
 }
 
-#[utoipa::path(get, path = "/v1/tenants/{tenant}/invoices/{period}", params(("tenant" = String, Path), ("period" = String, Path, description = "YYYY-MM")),
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/invoices/{period}", params(("tenant" = TenantId, Path), ("period" = Month, Path)),
     responses(
         (status = 200, description = "the finalized invoice, or a fresh draft", body = crate::invoice::Invoice),
-        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not read money", body = crate::openapi::ErrorBody),
         (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+        (status = 409, description = "no price book is in effect for the month, or usage of a model it does not price", body = crate::openapi::ErrorBody),
     ),
     security(("bearer" = []))
 )]
 pub async fn get_invoice(
     State(state): State<AppState>,
     who: Principal,
-    Path((tenant, period)): Path<(String, String)>,
+    Path(TenantMonth { tenant, period }): Path<TenantMonth>,
 ) -> Result<Response, BillingError> {
-    check(&who, Some(&tenant), Access::ReadMoney)?;
-    known_tenant(&state, &tenant).await?;
-    let invoice = lifecycle::current(&state.pool, &tenant, Month::parse(&period)?).await?;
-    audit(&state.pool, &who, "read_invoice", Some(&tenant)).await?;
+    let tenant = tenant.as_str();
+    check(&who, Some(tenant), Access::ReadMoney)?;
+    known_tenant(&state, tenant).await?;
+    let invoice = lifecycle::current(&state.pool, tenant, period).await?;
+    audit(&state.pool, &who, "read_invoice", Some(tenant)).await?;
     Ok(Json(invoice).into_response())
 }
 
-#[utoipa::path(post, path = "/v1/tenants/{tenant}/invoices/{period}/finalize", params(("tenant" = String, Path), ("period" = String, Path, description = "YYYY-MM")),
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/invoices/{period}/finalize", params(("tenant" = TenantId, Path), ("period" = Month, Path)),
     responses(
         (status = 200, description = "the finalized invoice (the same one when called again)", body = crate::invoice::Invoice),
-        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 403, description = "only finance finalizes", body = crate::openapi::ErrorBody),
         (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
-        (status = 409, description = "the month has not ended", body = crate::openapi::ErrorBody),
+        (status = 409, description = "the month has not ended, or it cannot be rated (no price book, an unpriced model)", body = crate::openapi::ErrorBody),
     ),
     security(("bearer" = []))
 )]
 pub async fn finalize_invoice(
     State(state): State<AppState>,
     who: Principal,
-    Path((tenant, period)): Path<(String, String)>,
+    Path(TenantMonth { tenant, period }): Path<TenantMonth>,
 ) -> Result<Response, BillingError> {
-    check(&who, Some(&tenant), Access::ManageMoney)?;
-    known_tenant(&state, &tenant).await?;
-    let invoice = lifecycle::finalize(
-        &state.pool,
-        &tenant,
-        Month::parse(&period)?,
-        &who.token_id,
-        Utc::now(),
-    )
-    .await?;
-    audit(&state.pool, &who, "finalize_invoice", Some(&tenant)).await?;
+    let tenant = tenant.as_str();
+    check(&who, Some(tenant), Access::ManageMoney)?;
+    known_tenant(&state, tenant).await?;
+    let invoice =
+        lifecycle::finalize(&state.pool, tenant, period, &who.token_id, Utc::now()).await?;
+    audit(&state.pool, &who, "finalize_invoice", Some(tenant)).await?;
     Ok(Json(invoice).into_response())
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
+#[schema(example = json!({"reason": "wrong rate applied"}))]
 pub struct VoidBody {
+    /// Why the invoice is voided; not blank.
+    #[serde(deserialize_with = "crate::extract::text")]
+    #[schema(pattern = "\\S")]
     reason: String,
 }
 
-#[utoipa::path(post, path = "/v1/tenants/{tenant}/invoices/{period}/void", params(("tenant" = String, Path), ("period" = String, Path, description = "YYYY-MM")), request_body = VoidBody,
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/invoices/{period}/void", params(("tenant" = TenantId, Path), ("period" = Month, Path)), request_body = VoidBody,
     responses(
         (status = 200, description = "the voided invoice", body = crate::invoice::Invoice),
-        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 403, description = "only finance voids", body = crate::openapi::ErrorBody),
         (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
         (status = 409, description = "no finalized invoice for the month", body = crate::openapi::ErrorBody),
     ),
@@ -120,83 +126,88 @@ pub struct VoidBody {
 pub async fn void_invoice(
     State(state): State<AppState>,
     who: Principal,
-    Path((tenant, period)): Path<(String, String)>,
+    Path(TenantMonth { tenant, period }): Path<TenantMonth>,
     Json(body): Json<VoidBody>,
 ) -> Result<Response, BillingError> {
-    check(&who, Some(&tenant), Access::ManageMoney)?;
-    known_tenant(&state, &tenant).await?;
-    let invoice = lifecycle::void(
-        &state.pool,
-        &tenant,
-        Month::parse(&period)?,
-        &body.reason,
-        &who.token_id,
-    )
-    .await?;
-    audit(&state.pool, &who, "void_invoice", Some(&tenant)).await?;
+    let tenant = tenant.as_str();
+    check(&who, Some(tenant), Access::ManageMoney)?;
+    known_tenant(&state, tenant).await?;
+    let invoice = lifecycle::void(&state.pool, tenant, period, &body.reason, &who.token_id).await?;
+    audit(&state.pool, &who, "void_invoice", Some(tenant)).await?;
     Ok(Json(invoice).into_response())
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ShadowQuery {
-    /// YYYY-MM; the current month in the tenant's zone when absent.
-    period: Option<String>,
-    /// Share of peak usage to imagine moved off-peak, 0..1 (default 0.25).
-    #[param(value_type = Option<String>)]
-    shift: Option<Decimal>,
+    /// The month; the current month in the tenant's zone when absent.
+    period: Option<Month>,
+    /// Share of peak usage to imagine moved off-peak (default 0.25).
+    shift: Option<Share>,
 }
 
-#[utoipa::path(get, path = "/v1/tenants/{tenant}/shadow-bill", params(("tenant" = String, Path), ShadowQuery),
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/shadow-bill", params(("tenant" = TenantId, Path), ShadowQuery),
     responses(
         (status = 200, description = "what the tenant would pay", body = crate::shadow::ShadowBill),
-        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not read money", body = crate::openapi::ErrorBody),
         (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+        (status = 409, description = "no price book is in effect for the month, or usage of a model it does not price", body = crate::openapi::ErrorBody),
     ),
     security(("bearer" = []))
 )]
 pub async fn shadow_bill(
     State(state): State<AppState>,
     who: Principal,
-    Path(tenant): Path<String>,
+    Path(tenant): Path<TenantId>,
     Query(q): Query<ShadowQuery>,
 ) -> Result<Response, BillingError> {
-    check(&who, Some(&tenant), Access::ReadMoney)?;
-    let t = known_tenant(&state, &tenant).await?;
+    let tenant = tenant.as_str();
+    check(&who, Some(tenant), Access::ReadMoney)?;
+    let t = known_tenant(&state, tenant).await?;
     let now = Utc::now();
-    let month = match q.period {
-        Some(p) => Month::parse(&p)?,
-        None => Month::containing(now, t.time_zone),
-    };
-    let bill = shadow::shadow_bill(
-        &state.pool,
-        &t,
-        month,
-        q.shift.unwrap_or(Decimal::new(25, 2)),
-        now,
-    )
-    .await?;
-    audit(&state.pool, &who, "read_shadow_bill", Some(&tenant)).await?;
+    let month = q
+        .period
+        .unwrap_or_else(|| Month::containing(now, t.time_zone));
+    let shift = q.shift.map_or(Decimal::new(25, 2), |s| s.0);
+    let bill = shadow::shadow_bill(&state.pool, &t, month, shift, now).await?;
+    audit(&state.pool, &who, "read_shadow_bill", Some(tenant)).await?;
     Ok(Json(bill).into_response())
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
-    period: String,
-    format: Option<String>,
-    cursor: Option<String>,
+    /// The month.
+    period: Month,
+    /// `json` (default), or `csv` with the next cursor in `X-Next-Cursor`.
+    format: Option<InvoiceFormat>,
+    /// The last tenant id of the previous page (its `next_cursor`).
+    cursor: Option<TenantId>,
+    /// Invoices per page (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
+}
+
+/// A page of `GET /v1/invoices`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct InvoicePage {
+    invoices: Vec<crate::invoice::Invoice>,
+    /// The cursor of the next page; null on the last one.
+    #[schema(value_type = Option<TenantId>)]
+    next_cursor: Option<String>,
 }
 
 /// Every tenant's invoice for a month, a page at a time (cursor = last tenant id).
 #[utoipa::path(get, path = "/v1/invoices", params(ListQuery),
     responses(
-        (status = 200, description = "a page of invoices (JSON, or CSV with format=csv and the next cursor in X-Next-Cursor)"),
-        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+        (status = 200, description = "a page of invoices: JSON, or CSV with format=csv",
+            headers(("X-Next-Cursor" = TenantId, description = "CSV only: the cursor of the next page, absent on the last one")),
+            content(
+                (InvoicePage = "application/json"),
+                (String = "text/csv"),
+            )),
+        (status = 403, description = "only finance lists every tenant", body = crate::openapi::ErrorBody),
+        (status = 409, description = "no price book is in effect for the month, or usage of a model it does not price", body = crate::openapi::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -206,52 +217,48 @@ pub async fn list_invoices(
     Query(q): Query<ListQuery>,
 ) -> Result<Response, BillingError> {
     check(&who, None, Access::ManageMoney)?;
-    let month = Month::parse(&q.period)?;
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(BillingError::BadRequest(
             "limit must be between 1 and 1000".into(),
         ));
     }
-    let page: Vec<(String,)> = sqlx::query_as(
-        "SELECT tenant_id FROM tenants WHERE $1::text IS NULL OR tenant_id > $1 ORDER BY tenant_id LIMIT $2",
-    )
-    .bind(q.cursor.as_deref())
-    .bind(limit)
-    .fetch_all(&state.pool)
-    .await?;
-    let ids: Vec<String> = page.into_iter().map(|(t,)| t).collect();
-    let invoices = lifecycle::current_many(&state.pool, month, &ids).await?;
+    let ids =
+        drafts::tenant_page(&state.pool, q.cursor.as_ref().map(TenantId::as_str), limit).await?;
+    let invoices = lifecycle::current_many(&state.pool, q.period, &ids).await?;
     audit(&state.pool, &who, "list_invoices", None).await?;
     let next = (ids.len() as i64 == limit)
         .then(|| ids.last().cloned())
         .flatten();
-    match q.format.as_deref().unwrap_or("json") {
-        "json" => Ok(
-            Json(serde_json::json!({"invoices": invoices, "next_cursor": next})).into_response(),
-        ),
-        "csv" => Ok(csv_response(export::invoices_csv(&invoices)?, next)),
-        other => Err(BillingError::BadRequest(format!(
-            "format {other:?}: use json or csv"
-        ))),
+    match q.format.unwrap_or_default() {
+        InvoiceFormat::Json => Ok(Json(InvoicePage {
+            invoices,
+            next_cursor: next,
+        })
+        .into_response()),
+        InvoiceFormat::Csv => Ok(csv_response(export::invoices_csv(&invoices)?, next)),
     }
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct FocusQuery {
-    period: String,
-    /// csv (default) or parquet.
-    format: Option<String>,
+    /// The month.
+    period: Month,
+    /// `csv` (default) or `parquet`.
+    format: Option<FocusFormat>,
 }
 
-/// The FOCUS cost-and-usage dataset for a month, every tenant, as CSV.
+/// The FOCUS cost-and-usage dataset for a month, every tenant, as CSV or Parquet.
 #[utoipa::path(get, path = "/v1/exports/focus", params(FocusQuery),
     responses(
-        (status = 200, description = "the FOCUS cost-and-usage dataset as CSV (or Parquet with format=parquet)", content_type = "text/csv"),
-        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+        (status = 200, description = "the FOCUS cost-and-usage dataset as CSV, or Parquet with format=parquet",
+            content(
+                (String = "text/csv"),
+                (Vec<u8> = "application/vnd.apache.parquet"),
+            )),
+        (status = 403, description = "only finance exports", body = crate::openapi::ErrorBody),
+        (status = 409, description = "no price book is in effect for the month, or usage of a model it does not price", body = crate::openapi::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -261,17 +268,16 @@ pub async fn focus_export(
     Query(q): Query<FocusQuery>,
 ) -> Result<Response, BillingError> {
     check(&who, None, Access::ManageMoney)?;
-    let month = Month::parse(&q.period)?;
     let ids: Vec<String> = drafts::tenants(&state.pool, None)
         .await?
         .into_iter()
         .map(|t| t.tenant_id)
         .collect();
-    let invoices = lifecycle::current_many(&state.pool, month, &ids).await?;
+    let invoices = lifecycle::current_many(&state.pool, q.period, &ids).await?;
     audit(&state.pool, &who, "export_focus", None).await?;
-    match q.format.as_deref().unwrap_or("csv") {
-        "csv" => Ok(csv_response(export::focus_csv(&invoices)?, None)),
-        "parquet" => Ok((
+    match q.format.unwrap_or_default() {
+        FocusFormat::Csv => Ok(csv_response(export::focus_csv(&invoices)?, None)),
+        FocusFormat::Parquet => Ok((
             [
                 (header::CONTENT_TYPE, "application/vnd.apache.parquet"),
                 (
@@ -282,9 +288,6 @@ pub async fn focus_export(
             export::focus_parquet(&invoices)?,
         )
             .into_response()),
-        other => Err(BillingError::BadRequest(format!(
-            "format {other:?}: use csv or parquet"
-        ))),
     }
 }
 
@@ -296,21 +299,18 @@ fn csv_response(body: String, next: Option<String>) -> Response {
     res
 }
 
-#[utoipa::path(get, path = "/v1/requests/{request_id}", params(("request_id" = String, Path, description = "the X-Request-Id, req_ + UUID")),
+#[utoipa::path(get, path = "/v1/requests/{request_id}", params(("request_id" = RequestId, Path)),
     responses(
         (status = 200, description = "the request and its invoice, without money", body = crate::lookup::Lookup),
-        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such request, or (for a team lead) another tenant's", body = crate::openapi::ErrorBody),
     ),
     security(("bearer" = []))
 )]
 pub async fn lookup_request(
     State(state): State<AppState>,
     who: Principal,
-    Path(id): Path<String>,
+    Path(RequestId(id)): Path<RequestId>,
 ) -> Result<Response, BillingError> {
-    let id = lookup::parse_id(&id)?;
     let found = lookup::lookup(&state.pool, id)
         .await?
         .ok_or(BillingError::NotFound)?;
@@ -329,27 +329,33 @@ pub async fn lookup_request(
     Ok(Json(found).into_response())
 }
 
-/// Loads a price book (YAML body).
+/// What `POST /v1/price-books` loaded.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct LoadedBook {
+    version: String,
+    effective_from: NaiveDate,
+}
+
+/// Loads a price book (YAML body, of any content type; see `config/price-book.yaml`).
 #[utoipa::path(post, path = "/v1/price-books", request_body(content = String, content_type = "application/yaml", description = "a price book in YAML"),
     responses(
-        (status = 200, description = "loaded"),
-        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+        (status = 200, description = "loaded (replacing a book of the same version)", body = LoadedBook),
+        (status = 403, description = "only finance loads price books", body = crate::openapi::ErrorBody),
     ),
     security(("bearer" = []))
 )]
 pub async fn put_price_book(
     State(state): State<AppState>,
     who: Principal,
-    body: String,
+    Text(body): Text,
 ) -> Result<Response, BillingError> {
     check(&who, None, Access::ManageMoney)?;
     let book = PriceBook::from_yaml(&body)?;
     drafts::put_book(&state.pool, &book).await?;
     audit(&state.pool, &who, "load_price_book", None).await?;
-    Ok(
-        Json(serde_json::json!({"version": book.version, "effective_from": book.effective_from}))
-            .into_response(),
-    )
+    Ok(Json(LoadedBook {
+        version: book.version,
+        effective_from: book.effective_from,
+    })
+    .into_response())
 }

@@ -41,6 +41,9 @@ pub struct BillingConfig {
     pub bootstrap_finance_token: Option<String>,
 }
 
+/// The API. Unknown paths answer 404 and known paths with another method
+/// 405 (with `Allow`), both in the API's error shape; a NUL in a path
+/// parameter or the query is refused before any handler runs.
 pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/tenants/{tenant}/usage", get(usage::tenant_usage))
@@ -72,6 +75,9 @@ pub fn app(state: AppState) -> Router {
             }),
         )
         .route("/healthz", get(|| async { "ok" }))
+        .route_layer(axum::middleware::from_fn(crate::extract::reject_nul))
+        .method_not_allowed_fallback(crate::extract::method_not_allowed)
+        .fallback(crate::extract::unknown_path)
         .with_state(state)
 }
 

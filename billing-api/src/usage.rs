@@ -2,14 +2,15 @@
 //! rows in `[from, to)`, with totals. Numbers are integers; GPU time is a
 //! decimal string.
 
-use axum::extract::{Path, Query, State};
-use axum::Json;
+use axum::extract::State;
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{audit, Principal};
 use crate::error::BillingError;
+use crate::extract::{Json, Path, Query};
+use crate::params::TenantId;
 use crate::routes::{check, Access};
 use crate::service::AppState;
 
@@ -20,8 +21,10 @@ const MAX_RANGE_DAYS: i64 = 366;
 #[into_params(parameter_in = Query)]
 pub struct Range {
     /// RFC 3339, inclusive.
+    #[param(format = DateTime, example = "2026-11-01T00:00:00Z")]
     from: String,
-    /// RFC 3339, exclusive.
+    /// RFC 3339, exclusive; after `from`, at most 366 days after it.
+    #[param(format = DateTime, example = "2026-12-01T00:00:00Z")]
     to: String,
 }
 
@@ -72,12 +75,10 @@ fn parse_time(name: &str, value: &str) -> Result<DateTime<Utc>, BillingError> {
 }
 
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/usage",
-    params(("tenant" = String, Path), Range),
+    params(("tenant" = TenantId, Path), Range),
     responses(
         (status = 200, description = "hourly usage rows and totals", body = UsageResponse),
-        (status = 400, description = "bad range", body = crate::openapi::ErrorBody),
-        (status = 401, description = "no or unknown token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "the role may not do this", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not read usage", body = crate::openapi::ErrorBody),
         (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
     ),
     security(("bearer" = []))
@@ -85,9 +86,10 @@ fn parse_time(name: &str, value: &str) -> Result<DateTime<Utc>, BillingError> {
 pub async fn tenant_usage(
     State(state): State<AppState>,
     who: Principal,
-    Path(tenant): Path<String>,
+    Path(tenant): Path<TenantId>,
     Query(range): Query<Range>,
 ) -> Result<Json<UsageResponse>, BillingError> {
+    let tenant = tenant.into_string();
     check(&who, Some(&tenant), Access::ReadMoney)?;
     let from = parse_time("from", &range.from)?;
     let to = parse_time("to", &range.to)?;

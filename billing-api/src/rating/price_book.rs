@@ -104,6 +104,31 @@ impl PriceBook {
     }
 
     pub fn validate(&self) -> Result<(), BillingError> {
+        // Postgres refuses NUL in text and jsonb; name the field that holds one.
+        let strings = [
+            ("version", self.version.as_str()),
+            ("currency", &self.currency),
+            ("timeZone", &self.time_zone),
+        ]
+        .into_iter()
+        .chain(
+            self.token_rates
+                .keys()
+                .map(|m| ("tokenRates (a model name)", m.as_str())),
+        )
+        .chain(
+            self.gpu_hour_rates
+                .keys()
+                .map(|p| ("gpuHourRates (a priority)", p.as_str())),
+        );
+        for (field, value) in strings {
+            if value.contains('\0') {
+                return Err(BillingError::BadRequest(format!(
+                    "price book: {}",
+                    crate::extract::nul_message(field)
+                )));
+            }
+        }
         let bad = |m: String| {
             Err(BillingError::BadRequest(format!(
                 "price book {}: {m}",
@@ -120,6 +145,15 @@ impl PriceBook {
             return bad(format!(
                 "currency {:?} is not an ISO 4217 code",
                 self.currency
+            ));
+        }
+        if let Some(p) = self
+            .gpu_hour_rates
+            .keys()
+            .find(|p| !matches!(p.as_str(), "1" | "2" | "3" | "4" | "5"))
+        {
+            return bad(format!(
+                "gpuHourRates has priority {p:?}; priorities are 1 to 5"
             ));
         }
         for p in 1..=5 {
@@ -228,6 +262,23 @@ mod tests {
             book.overhead,
             Overhead::FixedPerMonth(Decimal::new(280000, 2))
         );
+    }
+
+    #[test]
+    fn a_nul_in_a_price_book_field_is_a_bad_request_naming_it() {
+        for (from, to, field) in [
+            ("version: ", "version: \"v\\0\"\n# ", "version"),
+            ("llama-3.1-70b:", "\"llama\\0\":", "tokenRates"),
+        ] {
+            let text = REFERENCE.replacen(from, to, 1);
+            assert_ne!(text, REFERENCE, "{from}");
+            match PriceBook::from_yaml(&text) {
+                Err(BillingError::BadRequest(m)) => {
+                    assert!(m.contains(field) && m.contains("NUL"), "{m}")
+                }
+                other => panic!("{field}: {other:?}"),
+            }
+        }
     }
 
     #[test]
