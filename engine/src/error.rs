@@ -26,6 +26,15 @@ pub enum EngineError {
     },
     #[error("request body is not valid: {0}")]
     BadRequest(String),
+    /// The HTTP server: a body above its limit (413).
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// The HTTP server: a path it does not serve (404).
+    #[error("Invalid URL ({0})")]
+    UnknownPath(String),
+    /// The HTTP server: a method a path does not take (405, with `Allow`).
+    #[error("{0}: method not allowed; the Allow header lists the methods that are")]
+    MethodNotAllowed(String),
     #[error("the replica of {0:?} stopped")]
     Stopped(String),
     #[error(transparent)]
@@ -44,7 +53,9 @@ pub enum EngineError {
 impl EngineError {
     pub fn status_code(&self) -> StatusCode {
         match self {
-            Self::UnknownModel(_) => StatusCode::NOT_FOUND,
+            Self::UnknownModel(_) | Self::UnknownPath(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ContextTooLong { .. } | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NoCapacity { .. } | Self::UpstreamBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Upstream { .. } => StatusCode::BAD_GATEWAY,

@@ -7,8 +7,9 @@
 //! the admission class from `X-Service-Class` (`best-effort`, `standard`,
 //! `reserved`; default standard). When the client goes away the handler's
 //! future or the SSE stream is dropped, which drops the [`Generation`] and
-//! cancels the request on its replica. Errors use OpenAI's shape; "no
-//! capacity" is 503 with a jittered `Retry-After`.
+//! cancels the request on its replica. Errors use OpenAI's shape (unknown
+//! paths, wrong methods, a body too large and a NUL in the query or the
+//! request included); "no capacity" is 503 with a jittered `Retry-After`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -17,8 +18,10 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -40,7 +43,25 @@ pub fn app(sim: Arc<Simulator>) -> Router {
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
         .route("/health", get(|| async { "ok" }))
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            EngineError::MethodNotAllowed(format!("{method} {}", uri.path()))
+        })
+        .fallback(|method: Method, uri: Uri| async move {
+            EngineError::UnknownPath(format!("{method} {}", uri.path()))
+        })
         .with_state(sim)
+        .layer(middleware::from_fn(reject_nul_query))
+}
+
+/// A query parameter holding a NUL is a 400 naming it.
+async fn reject_nul_query(req: Request, next: Next) -> Response {
+    match crate::openai::nul_query_param(req.uri()) {
+        Ok(None) => next.run(req).await,
+        Ok(Some(name)) => {
+            EngineError::BadRequest(crate::openai::nul_message(&name)).into_response()
+        }
+        Err(message) => EngineError::BadRequest(message).into_response(),
+    }
 }
 
 /// Serves `app(sim)` on `listener` until `shutdown` resolves.
@@ -62,7 +83,9 @@ impl IntoResponse for EngineError {
             Self::ContextTooLong { .. } => {
                 ("invalid_request_error", Some("context_length_exceeded"))
             }
-            Self::BadRequest(_) => ("invalid_request_error", None),
+            Self::BadRequest(_) | Self::PayloadTooLarge(_) => ("invalid_request_error", None),
+            Self::UnknownPath(_) => ("invalid_request_error", Some("unknown_url")),
+            Self::MethodNotAllowed(_) => ("invalid_request_error", Some("method_not_allowed")),
             Self::NoCapacity { .. } | Self::UpstreamBusy { .. } => {
                 ("server_error", Some("no_capacity"))
             }
@@ -108,12 +131,19 @@ async fn metrics(State(sim): State<Arc<Simulator>>) -> impl IntoResponse {
 async fn completions(
     State(sim): State<Arc<Simulator>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, EngineError> {
+    let body = body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => EngineError::PayloadTooLarge(e.body_text()),
+        _ => EngineError::BadRequest(e.body_text()),
+    })?;
     let req: ChatRequest =
         serde_json::from_slice(&body).map_err(|e| EngineError::BadRequest(e.to_string()))?;
     if req.messages.is_empty() {
         return Err(EngineError::BadRequest("messages must not be empty".into()));
+    }
+    if let Some(field) = req.nul_field() {
+        return Err(EngineError::BadRequest(field.message()));
     }
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let class = match header("x-service-class") {

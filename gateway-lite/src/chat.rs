@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -32,13 +33,19 @@ const DEFAULT_OUTPUT_ESTIMATE: u64 = 4096;
 /// SSE frames buffered towards a slow client before the stream waits.
 const STREAM_BUFFER: usize = 64;
 
+/// The key of an `Authorization: Bearer <key>` value; the scheme is
+/// case-insensitive (RFC 9110 §11.1).
+pub fn bearer_key(value: &str) -> Option<&str> {
+    let (scheme, key) = value.trim_start().split_once(' ')?;
+    let key = key.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !key.is_empty()).then_some(key)
+}
+
 fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, GatewayError> {
     let key = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
+        .and_then(bearer_key)
         .ok_or(GatewayError::MissingKey)?;
     state
         .registry
@@ -64,11 +71,20 @@ pub async fn completions(
     State(state): State<AppState>,
     Extension(request_id): Extension<RequestId>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let caller = match authenticate(&state, &headers) {
         Ok(caller) => caller,
         Err(e) => return e.into_response(),
+    };
+    // A body that could not be read (too large, cut off) is answered after
+    // authentication, in OpenAI's shape.
+    let body = match body {
+        Ok(body) => body,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return GatewayError::PayloadTooLarge(e.body_text()).into_response()
+        }
+        Err(e) => return GatewayError::BadRequest(e.body_text()).into_response(),
     };
     let mut model = None;
     let mut res = handle(&state, &caller, request_id, &headers, body, &mut model)
@@ -96,8 +112,14 @@ async fn handle(
         serde_json::from_slice(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
     if req.messages.is_empty() {
         return Err(GatewayError::InvalidParam {
-            param: "messages",
+            param: "messages".into(),
             message: "messages must contain at least one message".into(),
+        });
+    }
+    if let Some(field) = req.nul_field() {
+        return Err(GatewayError::InvalidParam {
+            param: field.param.into(),
+            message: field.message(),
         });
     }
     let Some(info) = state.engine.model(&req.model).cloned() else {
@@ -109,7 +131,7 @@ async fn handle(
     if let (Some(asked), Some(limit)) = (asked, limits.max_output) {
         if asked > limit {
             return Err(GatewayError::InvalidParam {
-                param: "max_tokens",
+                param: "max_tokens".into(),
                 message: format!("max_tokens {asked} exceeds this tenant's max_output of {limit}"),
             });
         }
@@ -119,7 +141,7 @@ async fn handle(
     if let Some(limit) = limits.max_context {
         if prompt_tokens > u64::from(limit) {
             return Err(GatewayError::InvalidParam {
-                param: "messages",
+                param: "messages".into(),
                 message: format!("the prompt has {prompt_tokens} tokens, above this tenant's max_context of {limit}"),
             });
         }
@@ -234,7 +256,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, GatewayError> {
     match value.to_str().map(str::trim) {
         Ok(key) if !key.is_empty() && key.len() <= idempotency::MAX_KEY_LEN => Ok(Some(key)),
         _ => Err(GatewayError::InvalidParam {
-            param: "Idempotency-Key",
+            param: "Idempotency-Key".into(),
             message: format!(
                 "Idempotency-Key must be 1 to {} visible ASCII characters",
                 idempotency::MAX_KEY_LEN
@@ -264,13 +286,17 @@ fn engine_error(e: EngineError) -> GatewayError {
             GatewayError::NoCapacity(e.to_string())
         }
         EngineError::Upstream { .. } => GatewayError::Upstream(e.to_string()),
-        EngineError::Stopped(_) | EngineError::Profile(_) | EngineError::Config(_) => {
-            GatewayError::Engine(e.to_string())
-        }
+        // The last three are the engine's HTTP server's own, never an engine call's.
+        EngineError::Stopped(_)
+        | EngineError::Profile(_)
+        | EngineError::Config(_)
+        | EngineError::PayloadTooLarge(_)
+        | EngineError::UnknownPath(_)
+        | EngineError::MethodNotAllowed(_) => GatewayError::Engine(e.to_string()),
         EngineError::UnknownModel(model) => GatewayError::UnknownModel(model),
         EngineError::ContextTooLong { .. } | EngineError::BadRequest(_) => {
             GatewayError::InvalidParam {
-                param: "messages",
+                param: "messages".into(),
                 message: e.to_string(),
             }
         }

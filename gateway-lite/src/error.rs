@@ -17,11 +17,20 @@ pub enum GatewayError {
     BadRequest(String),
     #[error("{message}")]
     InvalidParam {
-        param: &'static str,
+        /// OpenAI's `param`: the field, header or query parameter at fault.
+        param: std::borrow::Cow<'static, str>,
         message: String,
     },
     #[error("the model `{0}` does not exist or you do not have access to it")]
     UnknownModel(String),
+    /// A path the gateway does not serve: `METHOD /path`.
+    #[error("Invalid URL ({0})")]
+    UnknownPath(String),
+    /// A path served with other methods (the response carries `Allow`).
+    #[error("{0}: method not allowed; the Allow header lists the methods that are")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
     #[error("usage could not be recorded durably; the request was not billed, retry it")]
     Outbox(#[from] crate::outbox::OutboxError),
     #[error("configuration: {0}")]
@@ -62,7 +71,9 @@ impl GatewayError {
         match self {
             Self::MissingKey | Self::InvalidKey => StatusCode::UNAUTHORIZED,
             Self::BadRequest(_) | Self::InvalidParam { .. } => StatusCode::BAD_REQUEST,
-            Self::UnknownModel(_) => StatusCode::NOT_FOUND,
+            Self::UnknownModel(_) | Self::UnknownPath(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Outbox(_) | Self::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::IdempotencyInFlight => StatusCode::CONFLICT,
@@ -83,7 +94,11 @@ impl GatewayError {
             Self::MissingKey | Self::InvalidKey => {
                 ("invalid_request_error", Some("invalid_api_key"))
             }
-            Self::BadRequest(_) | Self::InvalidParam { .. } => ("invalid_request_error", None),
+            Self::BadRequest(_) | Self::InvalidParam { .. } | Self::PayloadTooLarge(_) => {
+                ("invalid_request_error", None)
+            }
+            Self::UnknownPath(_) => ("invalid_request_error", Some("unknown_url")),
+            Self::MethodNotAllowed(_) => ("invalid_request_error", Some("method_not_allowed")),
             Self::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
             Self::Outbox(_) => ("server_error", Some("usage_not_recorded")),
             Self::NoCapacity(_) => ("server_error", Some("no_capacity")),
@@ -122,7 +137,7 @@ impl GatewayError {
             self.to_string()
         };
         let param = match self {
-            Self::InvalidParam { param, .. } => Some(*param),
+            Self::InvalidParam { param, .. } => Some(param.as_ref()),
             _ => None,
         };
         json!({"error": {"message": message, "type": kind, "param": param, "code": code}})

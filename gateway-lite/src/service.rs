@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Request;
-use axum::http::HeaderValue;
+use axum::http::{HeaderValue, Method, Uri};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use engine::upstream::{self, Upstreams};
@@ -46,7 +46,9 @@ pub struct AppState {
 }
 
 /// The HTTP API. Every response, error or not, carries `X-Request-Id`
-/// (an idempotent replay carries the original request's).
+/// (an idempotent replay carries the original request's). Every error is
+/// in OpenAI's shape: unknown paths (404), wrong methods (405 with
+/// `Allow`) and a NUL in the query (400) included.
 pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
     let mut router = Router::new()
         .route("/v1/chat/completions", post(chat::completions))
@@ -64,8 +66,30 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
         );
     }
     router
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            GatewayError::MethodNotAllowed(format!("{method} {}", uri.path()))
+        })
+        .fallback(|method: Method, uri: Uri| async move {
+            GatewayError::UnknownPath(format!("{method} {}", uri.path()))
+        })
         .with_state(state)
+        .layer(middleware::from_fn(reject_nul_query))
         .layer(middleware::from_fn(request_id))
+}
+
+/// A query parameter holding a NUL is a 400 naming it (JSON fields are
+/// checked in the handler, see `ChatRequest::nul_field`).
+async fn reject_nul_query(req: Request, next: Next) -> Response {
+    let param = match engine::openai::nul_query_param(req.uri()) {
+        Ok(None) => return next.run(req).await,
+        Ok(Some(name)) => name,
+        Err(message) => return GatewayError::BadRequest(message).into_response(),
+    };
+    GatewayError::InvalidParam {
+        message: engine::openai::nul_message(&param),
+        param: param.into(),
+    }
+    .into_response()
 }
 
 async fn request_id(mut req: Request, next: Next) -> Response {

@@ -1,0 +1,73 @@
+//! The engine's HTTP server on a real socket: errors in OpenAI's shape
+//! (unknown paths, wrong methods, too-large bodies) and a NUL in the query
+//! or the request refused with 400 naming it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::sync::Arc;
+
+use engine::{ModelProfile, Simulator};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+async fn start() -> String {
+    let sim = Arc::new(Simulator::new(ModelProfile::reference(), 0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, engine::server::app(sim)).await });
+    format!("http://{addr}")
+}
+
+async fn openai_error(res: reqwest::Response, status: StatusCode) -> String {
+    assert_eq!(res.status(), status);
+    let body: Value = res.json().await.unwrap();
+    assert!(body["error"]["type"].is_string(), "{body}");
+    body["error"]["message"].as_str().unwrap().to_owned()
+}
+
+async fn chat(url: &str, body: String) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_nul_in_the_request_or_the_query_is_a_400_naming_it() {
+    let url = start().await;
+    let res = chat(
+        &url,
+        r#"{"model": "llama-3.1-8b", "messages": [{"content": "hi"}, {"content": "\u0000"}]}"#
+            .into(),
+    )
+    .await;
+    let message = openai_error(res, StatusCode::BAD_REQUEST).await;
+    assert!(message.contains("messages[1].content"), "{message}");
+    let res = reqwest::get(format!("{url}/v1/models?tenant=%00"))
+        .await
+        .unwrap();
+    let message = openai_error(res, StatusCode::BAD_REQUEST).await;
+    assert!(message.contains("`tenant`"), "{message}");
+}
+
+#[tokio::test]
+async fn unknown_paths_wrong_methods_and_big_bodies_answer_in_openai_shape() {
+    let url = start().await;
+    let res = reqwest::get(format!("{url}/v1/nothing")).await.unwrap();
+    openai_error(res, StatusCode::NOT_FOUND).await;
+    let res = reqwest::get(format!("{url}/v1/chat/completions"))
+        .await
+        .unwrap();
+    assert_eq!(res.headers()["allow"], "POST");
+    openai_error(res, StatusCode::METHOD_NOT_ALLOWED).await;
+    let huge = format!(
+        r#"{{"model": "llama-3.1-8b", "messages": [{{"content": "{}"}}]}}"#,
+        "a".repeat(3 << 20)
+    );
+    openai_error(chat(&url, huge).await, StatusCode::PAYLOAD_TOO_LARGE).await;
+    let res = chat(&url, "{".into()).await;
+    openai_error(res, StatusCode::BAD_REQUEST).await;
+}
