@@ -28,9 +28,6 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
         )
         .init();
     let cli = Cli::parse();
-    billing_api::service::run(cli.config, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await?;
+    billing_api::service::run(cli.config, serving::shutdown_signal()).await?;
     Ok(std::process::ExitCode::SUCCESS)
 }

@@ -39,6 +39,9 @@ pub struct BillingConfig {
     /// installation's first login and for the demo.
     #[arg(long, env = "BILLING_BOOTSTRAP_FINANCE_TOKEN")]
     pub bootstrap_finance_token: Option<String>,
+    /// Slow-client bounds and the shutdown grace of the listener.
+    #[command(flatten)]
+    pub http: serving::HttpSettings,
 }
 
 /// The API. Unknown paths answer 404 and known paths with another method
@@ -108,14 +111,11 @@ pub async fn run(
         tracing::info!(version = %book.version, "price book loaded");
     }
     tracing::info!(addr = %config.addr, "billing-api listening");
-    axum::serve(
-        listener,
-        app(AppState {
-            pool,
-            cost_metrics: Default::default(),
-        }),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+    let state = AppState {
+        pool,
+        cost_metrics: Default::default(),
+    };
+    serving::serve(listener, app(state), config.http, shutdown)
+        .await
     .map_err(|e| BillingError::Config(format!("serving on {}: {e}", config.addr)))
 }

@@ -25,6 +25,9 @@ struct EngineConfig {
     /// Pacing: 1 = real time, N = N times faster, 0 = no waiting (figures unchanged).
     #[arg(long, env = "ENGINE_SPEEDUP", default_value_t = 1)]
     speedup: u32,
+    /// Slow-client bounds and the shutdown grace of the listener.
+    #[command(flatten)]
+    http: serving::HttpSettings,
 }
 
 impl EngineConfig {
@@ -57,10 +60,8 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("ENGINE_ADDR {}", config.addr))?;
     tracing::info!(addr = %config.addr, models = sim.models().len(), "engine listening");
-    engine::server::run(listener, sim, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await
+    engine::server::run(listener, sim, config.http, serving::shutdown_signal())
+        .await
     .context("serving")?;
     Ok(())
 }

@@ -68,11 +68,10 @@ async fn reject_nul_query(req: Request, next: Next) -> Response {
 pub async fn run(
     listener: TcpListener,
     sim: Arc<Simulator>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, app(sim))
-        .with_graceful_shutdown(shutdown)
-        .await
+    http: serving::HttpSettings,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), serving::ServeError> {
+    serving::serve(listener, app(sim), http, shutdown).await
 }
 
 impl IntoResponse for EngineError {

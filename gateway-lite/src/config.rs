@@ -54,6 +54,9 @@ pub struct GatewayConfig {
     /// Simulated engine speed: 1 = real time, N = N times faster, 0 = no waiting.
     #[arg(long, env = "ENGINE_SPEEDUP", default_value_t = 1)]
     pub engine_speedup: u32,
+    /// Slow-client bounds and the shutdown grace of the listener.
+    #[command(flatten)]
+    pub http: serving::HttpSettings,
 }
 
 impl GatewayConfig {

@@ -29,20 +29,6 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
         )
         .init();
     let cli = Cli::parse();
-    gateway_lite::service::run(cli.config, shutdown_signal()).await?;
+    gateway_lite::service::run(cli.config, serving::shutdown_signal()).await?;
     Ok(std::process::ExitCode::SUCCESS)
-}
-
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }

@@ -168,8 +168,7 @@ pub async fn run(
     let runs = state.runs.clone();
     state.idempotency.spawn_sweeper(Duration::from_secs(600));
     tracing::info!(addr = %config.addr, "gateway listening");
-    axum::serve(listener, app(state, Some(prometheus)))
-        .with_graceful_shutdown(shutdown)
+    serving::serve(listener, app(state, Some(prometheus)), config.http, shutdown)
         .await
         .map_err(|e| GatewayError::Config(format!("serving on {}: {e}", config.addr)))?;
     // Streams still going (their clients may be gone) end with their event.

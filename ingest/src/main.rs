@@ -1,5 +1,6 @@
 use clap::{Parser, Subcommand};
-use ingest::session::{println_json, shutdown_signal};
+use ingest::session::println_json;
+use serving::shutdown_signal;
 use ingest::{dead_letters, IngestConfig};
 
 /// Meterline ingest: usage events from Kafka into Postgres, exactly once.

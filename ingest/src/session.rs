@@ -1,7 +1,6 @@
-//! What ingest and the archiver share as processes: the shutdown signal,
-//! the admin commands' JSON output, the Prometheus endpoint, and the
-//! consumer-group session loop — a consumer thread
-//! feeding one task that commits what it is fed, replaced by a fresh
+//! What ingest and the archiver share as processes: the admin commands'
+//! JSON output, the Prometheus endpoint, and the consumer-group session
+//! loop — a consumer thread feeding one task that commits what it is fed, replaced by a fresh
 //! session (rejoining the group) whenever the task is fenced out as a
 //! zombie, until shutdown, when the task commits what it holds.
 
@@ -30,8 +29,10 @@ pub async fn serve_metrics(addr: SocketAddr, setting: &str) -> Result<(), Ingest
         "/metrics",
         axum::routing::get(move || std::future::ready(prometheus.render())),
     );
+    // Metrics outlive the consumer session; the process exit ends them.
+    let settings = serving::HttpSettings::default();
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
+        if let Err(e) = serving::serve(listener, app, settings, std::future::pending()).await {
             tracing::error!(error = %e, "metrics server stopped");
         }
     });
@@ -79,28 +80,6 @@ where
             }
         }
     }
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
 
 /// An admin command's answer: one JSON line on stdout (logs go to stderr).

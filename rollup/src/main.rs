@@ -101,10 +101,7 @@ async fn run() -> anyhow::Result<ExitCode> {
                 keep_days: cli.keep_days,
                 archive,
             };
-            service::run(pool, schedule, async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await;
+            service::run(pool, schedule, serving::shutdown_signal()).await;
         }
         Command::CloseHours => {
             let report = hours::close(&pool, lateness).await?;

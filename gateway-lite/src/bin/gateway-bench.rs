@@ -1,18 +1,31 @@
-//! Latency the gateway adds, side by side in one run: the same
-//! non-streaming requests sent to the in-process engine directly and
-//! through the gateway over HTTP (auth, limits, outbox fsync included), with
-//! the engine answering at once (`ENGINE_SPEEDUP=0`). With `KAFKA_BROKERS`
-//! set (source `.stack/env`), the relay runs too, publishing to a fresh
-//! topic and deleting what the broker acknowledged, as in a deployed
-//! gateway; without it the outbox only grows.
+//! Latency the gateway adds, side by side in one run, on every path a
+//! request can take: at each due instant one request goes straight to the
+//! engine and one through the gateway over HTTP (auth, limits, outbox
+//! fsync included), with the engine answering at once (`ENGINE_SPEEDUP=0`):
 //!
-//! `cargo run --release -p gateway-lite --bin gateway-bench -- [rate] [seconds]`
+//! - `json`: non-streaming, in-process engine (direct: the in-process call);
+//! - `stream`: `"stream": true`, in-process engine (direct: the same call;
+//!   the gateway's figure is the time to its last SSE frame);
+//! - `http`: non-streaming through an HTTP upstream (the engine's own HTTP
+//!   server on a local port; direct: the same request sent to it);
+//! - `http-stream`: streaming through the HTTP upstream (direct: the same
+//!   streaming request sent to it).
+//!
+//! Then the pacing check: streams from an engine paced in real time
+//! (`ENGINE_SPEEDUP=1`), read directly and through the gateway, comparing
+//! the gaps between SSE frames a client sees.
+//!
+//! With `KAFKA_BROKERS` set (source `.stack/env`), the relay runs too,
+//! publishing to a fresh topic and deleting what the broker acknowledged,
+//! as in a deployed gateway; without it the outbox only grows.
+//!
+//! `cargo run --release -p gateway-lite --bin gateway-bench -- [rate] [seconds] [serving|plain]`
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine::upstream::Upstreams;
+use engine::upstream::{RemoteModel, Upstreams};
 use engine::{CompletionRequest, ModelProfile, ServiceClass, Simulator};
 use gateway_lite::idempotency::Idempotency;
 use gateway_lite::limits::Limiter;
@@ -22,15 +35,30 @@ use gateway_lite::tenants::{Caller, Registry};
 use serde_json::json;
 
 const KEY: &str = "sk-bench-0001";
+/// The model served in process.
+const LOCAL: &str = "llama-3.1-8b";
+/// The same model served by the engine's HTTP server, unpaced.
+const HTTP: &str = "llama-3.1-8b-http";
+/// The same model served by the engine's HTTP server in real time.
+const PACED: &str = "llama-3.1-8b-paced";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let rate: u64 = args.get(1).map_or(Ok(500), |a| a.parse())?;
     let secs: u64 = args.get(2).map_or(Ok(5), |a| a.parse())?;
+    // `plain`: serve with bare `axum::serve` (no no-delay, no timeouts),
+    // the baseline the shared `serving` layer is measured against.
+    let plain = match args.get(3).map(String::as_str) {
+        None | Some("serving") => false,
+        Some("plain") => true,
+        Some(other) => anyhow::bail!("third argument must be serving or plain, got {other:?}"),
+    };
     let dir = std::env::temp_dir().join(format!("gateway-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let engine = Arc::new(Simulator::new(ModelProfile::reference(), 0));
+    let engine_url = serve_engine(0, plain).await?;
+    let paced_url = serve_engine(1, plain).await?;
     let registry = Registry::default();
     registry.insert(
         KEY,
@@ -44,9 +72,13 @@ async fn main() -> anyhow::Result<()> {
         },
     );
     let outbox = Outbox::open(&dir.join("outbox"))?;
+    let remote = vec![
+        remote_model(HTTP, &engine_url),
+        remote_model(PACED, &paced_url),
+    ];
     let state = AppState {
         registry,
-        engine: Arc::new(Upstreams::simulated(engine.clone())),
+        engine: Arc::new(Upstreams::new(engine.clone(), remote)?),
         outbox: outbox.clone(),
         gateway_id: "gw-bench".into(),
         speedup: 0,
@@ -71,59 +103,87 @@ async fn main() -> anyhow::Result<()> {
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(async move { axum::serve(listener, app(state, None)).await });
+    spawn_server(listener, app(state, None), plain);
     let url = format!("http://{addr}/v1/chat/completions");
     let client = reqwest::Client::new();
 
-    // Both paths in one run, in pairs: at every due instant one request goes
-    // to the engine directly and one through the gateway, so both meet the
-    // same machine and the same lateness of the load generator's timer
-    // (tokio's timer ticks by the millisecond: requests paced at 2x the rate
-    // alone would give the two paths different, run-dependent offsets).
-    let (direct, gateway) = {
-        let (engine, client, url) = (engine.clone(), client.clone(), url.clone());
-        fixed_rate(rate, secs, move |i| -> [BoxFuture; 2] {
+    let mut out =
+        vec![format!(
+        "fixed rate {rate} req/s for {secs} s per path, ENGINE_SPEEDUP=0, served by {}, relay {}",
+        if plain { "axum::serve (plain)" } else { "serving" },
+        if relay.is_some() {
+            "publishing"
+        } else {
+            "off (no KAFKA_BROKERS)"
+        }
+    )];
+    // Both sides of a path in one run, in pairs: at every due instant one
+    // request goes to the engine directly and one through the gateway, so
+    // both meet the same machine and the same lateness of the load
+    // generator's timer (tokio's timer ticks by the millisecond: requests
+    // paced at 2x the rate alone would give the two sides different,
+    // run-dependent offsets).
+    // One uncounted second of each path first: connection pools, the
+    // outbox's first segment and the relay's first publish warm up there.
+    for (path, warm_up) in ["json", "stream", "http", "http-stream"]
+        .into_iter()
+        .flat_map(|p| [(p, true), (p, false)])
+    {
+        let secs = if warm_up { 1 } else { secs };
+        let (engine, client, url, engine_url) = (
+            engine.clone(),
+            client.clone(),
+            url.clone(),
+            engine_url.clone(),
+        );
+        let (direct, gateway) = fixed_rate(rate, secs, move |i| -> [BoxFuture; 2] {
             let engine = engine.clone();
-            let (client, url) = (client.clone(), url.clone());
-            [
-                Box::pin(async move {
-                    engine
-                        .complete(&request(i))
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
-                }),
-                Box::pin(async move { post(&client, &url, i).await }),
-            ]
+            let (client, client2) = (client.clone(), client.clone());
+            let (url, engine_url) = (url.clone(), engine_url.clone());
+            let direct: BoxFuture =
+                match path {
+                    "json" | "stream" => Box::pin(async move {
+                        engine
+                            .complete(&request(i))
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    }),
+                    "http" => Box::pin(async move {
+                        post(&client, &engine_url, LOCAL, false, i).await.map(drop)
+                    }),
+                    _ => Box::pin(async move {
+                        post(&client, &engine_url, LOCAL, true, i).await.map(drop)
+                    }),
+                };
+            let via: BoxFuture = match path {
+                "json" => {
+                    Box::pin(async move { post(&client2, &url, LOCAL, false, i).await.map(drop) })
+                }
+                "stream" => {
+                    Box::pin(async move { post(&client2, &url, LOCAL, true, i).await.map(drop) })
+                }
+                "http" => {
+                    Box::pin(async move { post(&client2, &url, HTTP, false, i).await.map(drop) })
+                }
+                _ => Box::pin(async move { post(&client2, &url, HTTP, true, i).await.map(drop) }),
+            };
+            [direct, via]
         })
-        .await
-    };
-    let line = |name: &str, s: &Stats| {
-        format!(
-            "{name:<8} {rate:>6} req/s  ok {:>6}  errors {:>4}  p50 {:>8.3} ms  p99 {:>8.3} ms",
-            s.ok,
-            s.errors,
-            s.p(0.50),
-            s.p(0.99)
-        )
-    };
-    let mut out = vec![
-        format!(
-            "fixed rate {rate} req/s for {secs} s, non-streaming, ENGINE_SPEEDUP=0, relay {}",
-            if relay.is_some() {
-                "publishing"
-            } else {
-                "off (no KAFKA_BROKERS)"
-            }
-        ),
-        line("engine", &direct),
-        line("gateway", &gateway),
-        format!(
-            "added   p50 {:.3} ms  p99 {:.3} ms",
+        .await;
+        if warm_up {
+            continue;
+        }
+        out.push(format!("{path}:"));
+        out.push(line("  engine ", rate, &direct));
+        out.push(line("  gateway", rate, &gateway));
+        out.push(format!(
+            "  added   p50 {:.3} ms  p99 {:.3} ms",
             gateway.p(0.50) - direct.p(0.50),
             gateway.p(0.99) - direct.p(0.99)
-        ),
-    ];
+        ));
+    }
+    out.extend(pacing(&client, &paced_url, &url).await);
     // Highest sustained rate: closed loop with 64 clients for `secs`.
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -133,7 +193,7 @@ async fn main() -> anyhow::Result<()> {
             let mut n = 0u64;
             let mut i = w << 32;
             while started.elapsed() < Duration::from_secs(secs) {
-                if post(&client, &url, i).await.is_ok() {
+                if post(&client, &url, LOCAL, false, i).await.is_ok() {
                     n += 1;
                 }
                 i += 1;
@@ -161,7 +221,7 @@ async fn main() -> anyhow::Result<()> {
 
 fn request(i: u64) -> CompletionRequest {
     CompletionRequest {
-        model: "llama-3.1-8b".into(),
+        model: LOCAL.into(),
         prompt: format!("bench request {i}"),
         max_tokens: Some(16),
         seed: i,
@@ -171,15 +231,73 @@ fn request(i: u64) -> CompletionRequest {
     }
 }
 
-async fn post(client: &reqwest::Client, url: &str, i: u64) -> Result<(), String> {
-    let res = client
+/// The engine's own HTTP server (what the `engine` binary runs) on a
+/// local port, pacing at `speedup`; its chat completions URL.
+async fn serve_engine(speedup: u32, plain: bool) -> anyhow::Result<String> {
+    let sim = Arc::new(Simulator::new(ModelProfile::reference(), speedup));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    spawn_server(listener, engine::server::app(sim), plain);
+    Ok(format!("http://{addr}"))
+}
+
+/// Serves `router` on `listener` in the background, through the shared
+/// serving layer or, with `plain`, bare `axum::serve`.
+fn spawn_server(listener: tokio::net::TcpListener, router: axum::Router, plain: bool) {
+    if plain {
+        tokio::spawn(async move { axum::serve(listener, router).await });
+    } else {
+        tokio::spawn(serving::serve(
+            listener,
+            router,
+            serving::HttpSettings::default(),
+            std::future::pending(),
+        ));
+    }
+}
+
+fn remote_model(model: &str, base: &str) -> RemoteModel {
+    RemoteModel {
+        model: model.into(),
+        url: base.into(),
+        upstream_model: Some(LOCAL.into()),
+        gpus: 1,
+        max_context: 131_072,
+        model_version: None,
+        replica_id: Some(model.into()),
+        gpu_time: engine::upstream::GpuTime::Auto,
+        api_key_env: None,
+        idle_timeout_secs: 60,
+        kv_poll_ms: 0,
+    }
+}
+
+/// Sends one chat completion to `url` (a base URL or the gateway's full
+/// path) and reads the whole answer; with `stream`, the instant each SSE
+/// frame arrived. Fails unless the answer is 200 and, streamed, ends with
+/// `[DONE]`.
+async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    model: &str,
+    stream: bool,
+    i: u64,
+) -> Result<Vec<Instant>, String> {
+    let url = if url.ends_with("/v1/chat/completions") {
+        url.to_owned()
+    } else {
+        format!("{url}/v1/chat/completions")
+    };
+    let mut res = client
         .post(url)
         .bearer_auth(KEY)
+        .header("x-tenant-id", "bench")
         .json(&json!({
-            "model": "llama-3.1-8b",
+            "model": model,
             "messages": [{"role": "user", "content": format!("bench request {i}")}],
             "max_tokens": 16,
             "seed": i,
+            "stream": stream,
         }))
         .send()
         .await
@@ -187,7 +305,80 @@ async fn post(client: &reqwest::Client, url: &str, i: u64) -> Result<(), String>
     if !res.status().is_success() {
         return Err(res.status().to_string());
     }
-    res.bytes().await.map(|_| ()).map_err(|e| e.to_string())
+    let mut frames = Vec::new();
+    let mut tail = String::new();
+    while let Some(chunk) = res.chunk().await.map_err(|e| e.to_string())? {
+        let now = Instant::now();
+        let text = String::from_utf8_lossy(&chunk);
+        for _ in 0..text.matches("data:").count() {
+            frames.push(now);
+        }
+        tail = text.into_owned();
+    }
+    if stream && !tail.contains("[DONE]") {
+        return Err("stream ended without [DONE]".into());
+    }
+    Ok(frames)
+}
+
+/// Gaps between the SSE frames of streams paced in real time, read
+/// directly from the engine and through the gateway (which streams from
+/// that engine): what a client sees of the engine's pacing.
+async fn pacing(client: &reqwest::Client, paced_url: &str, gateway_url: &str) -> Vec<String> {
+    const STREAMS: u64 = 20;
+    let mut gaps = [Vec::new(), Vec::new()];
+    for i in 0..STREAMS {
+        let pair = tokio::join!(
+            post(client, paced_url, LOCAL, true, 1_000_000 + i),
+            post(client, gateway_url, PACED, true, 1_000_000 + i),
+        );
+        for (side, frames) in [pair.0, pair.1].into_iter().enumerate() {
+            match frames {
+                Ok(frames) => gaps[side].extend(
+                    frames
+                        .windows(2)
+                        .map(|w| (w[1] - w[0]).as_secs_f64() * 1000.0),
+                ),
+                Err(e) => return vec![format!("pacing: failed: {e}")],
+            }
+        }
+    }
+    let mut out = vec![format!(
+        "pacing: {STREAMS} streams paced in real time (ENGINE_SPEEDUP=1), gaps between SSE frames"
+    )];
+    let mut stats = Vec::new();
+    for (name, mut g) in ["  engine ", "  gateway"].into_iter().zip(gaps) {
+        g.sort_by(f64::total_cmp);
+        let s = Stats {
+            ok: g.len(),
+            errors: 0,
+            latencies_ms: g,
+        };
+        out.push(format!(
+            "{name} gaps {:>5}  p50 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms",
+            s.ok,
+            s.p(0.50),
+            s.p(0.99),
+            s.p(1.0)
+        ));
+        stats.push(s);
+    }
+    out.push(format!(
+        "  added   p50 {:.3} ms  p99 {:.3} ms",
+        stats[1].p(0.50) - stats[0].p(0.50),
+        stats[1].p(0.99) - stats[0].p(0.99)
+    ));
+    out
+}
+
+fn line(name: &str, rate: u64, s: &Stats) -> String {
+    format!(
+        "{name} {rate:>6} req/s  ok {:>6}  errors {:>4}  p50 {:>8.3} ms  p99 {:>8.3} ms",
+        s.ok,
+        s.errors,
+        s.p(0.50),
+        s.p(0.99)
+    )
 }
 
 #[derive(Default)]

@@ -3,7 +3,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use ingest::archive::{store, verify, ArchiverConfig};
 use ingest::offsets::ConsumerKey;
-use ingest::session::{println_json, shutdown_signal};
+use ingest::session::println_json;
+use serving::shutdown_signal;
 
 /// Meterline archiver: usage events from Kafka into Parquet files listed in
 /// a Postgres manifest, exactly once.
