@@ -117,5 +117,5 @@ pub async fn run(
     };
     serving::serve(listener, app(state), config.http, shutdown)
         .await
-    .map_err(|e| BillingError::Config(format!("serving on {}: {e}", config.addr)))
+        .map_err(|e| BillingError::Config(format!("serving on {}: {e}", config.addr)))
 }

@@ -62,6 +62,6 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(addr = %config.addr, models = sim.models().len(), "engine listening");
     engine::server::run(listener, sim, config.http, serving::shutdown_signal())
         .await
-    .context("serving")?;
+        .context("serving")?;
     Ok(())
 }

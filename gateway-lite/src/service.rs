@@ -168,9 +168,14 @@ pub async fn run(
     let runs = state.runs.clone();
     state.idempotency.spawn_sweeper(Duration::from_secs(600));
     tracing::info!(addr = %config.addr, "gateway listening");
-    serving::serve(listener, app(state, Some(prometheus)), config.http, shutdown)
-        .await
-        .map_err(|e| GatewayError::Config(format!("serving on {}: {e}", config.addr)))?;
+    serving::serve(
+        listener,
+        app(state, Some(prometheus)),
+        config.http,
+        shutdown,
+    )
+    .await
+    .map_err(|e| GatewayError::Config(format!("serving on {}: {e}", config.addr)))?;
     // Streams still going (their clients may be gone) end with their event.
     runs.close();
     tracing::info!(

@@ -1,7 +1,7 @@
 use clap::{Parser, Subcommand};
 use ingest::session::println_json;
-use serving::shutdown_signal;
 use ingest::{dead_letters, IngestConfig};
+use serving::shutdown_signal;
 
 /// Meterline ingest: usage events from Kafka into Postgres, exactly once.
 #[derive(Parser)]
