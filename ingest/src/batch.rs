@@ -50,8 +50,9 @@ pub struct Rejected {
     pub violation: Violation,
     pub request_id: Option<Uuid>,
     pub tenant_id: Option<String>,
-    /// For conflicts: the version already stored, as JSON.
-    pub stored_version: Option<serde_json::Value>,
+    /// For conflicts: the version already stored, as the contract's
+    /// canonical JSON ([`UsageEvent::to_json`]).
+    pub stored_version: Option<String>,
 }
 
 /// A batch split into what to insert, what repeats within the batch, and

@@ -1,9 +1,10 @@
 //! Kafka → Postgres, exactly once.
 //!
-//! Every usage event on `usage.events.v1` becomes one `request_log` row and
-//! is added once to `usage_hourly`; everything that can't be counted is kept
-//! in `dead_letters` with its reason. See "Exactly-once, end to end" in the
-//! architecture notes.
+//! Every usage event on the consumed topic (`INGEST_TOPIC`, by default
+//! `usage.events.v1`) becomes one `request_log` row and is added once to
+//! `usage_hourly`; everything that can't be counted is kept in
+//! `dead_letters` with its reason, filed under that topic. See
+//! "Exactly-once, end to end" in the architecture notes.
 //!
 //! Layout:
 //! - [`consumer`]: the group member on its own thread; start offsets come from Postgres

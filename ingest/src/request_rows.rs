@@ -1,5 +1,5 @@
 //! request_log rows: the one multi-row insert per batch (UNNEST over
-//! column arrays) and the stored version of ids that were already there.
+//! column arrays) and the stored rows of ids that were already there.
 //!
 //! Re-sends are rare, so a batch is first inserted with a plain INSERT under
 //! a savepoint: in Postgres that costs a third of `ON CONFLICT DO NOTHING
@@ -19,6 +19,7 @@ use rust_decimal::Decimal;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{PgConnection, Postgres, Row};
+use usage_contract::StoredRequest;
 use uuid::Uuid;
 
 use crate::batch::Candidate;
@@ -201,30 +202,25 @@ impl<'a> RequestColumns<'a> {
     }
 }
 
-/// The stored hash and the stored version (as event JSON) of each id.
-pub(crate) async fn stored_versions(
+/// The stored row of each id, content hash included. Turning a row back
+/// into its event ([`StoredRequest::to_event`]) is left to the caller, who
+/// needs it only for conflicts.
+pub(crate) async fn stored_rows(
     conn: &mut PgConnection,
     ids: &[Uuid],
-) -> Result<HashMap<Uuid, ([u8; 32], serde_json::Value)>, sqlx::Error> {
+) -> Result<HashMap<Uuid, StoredRequest>, sqlx::Error> {
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
-    let rows: Vec<(Uuid, Vec<u8>, serde_json::Value)> = sqlx::query_as(
-        "SELECT request_id, content_hash,
-                to_jsonb(r) - 'content_hash' - 'kafka_partition' - 'kafka_offset' - 'ingested_at'
-         FROM request_log r WHERE request_id = ANY($1)",
+    let rows: Vec<StoredRequest> = sqlx::query_as(
+        "SELECT request_id, tenant_id, api_key_id, model, model_version, priority,
+                started_at, first_token_at, finished_at, prompt_tokens, cached_tokens,
+                completion_tokens, gpu_seconds, preempted_gpu_seconds, finish_reason,
+                ttft_ms, tpot_ms, replica_id, gateway_id, stream, content_hash
+         FROM request_log WHERE request_id = ANY($1)",
     )
     .bind(ids)
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, hash, json)| {
-            let mut fixed = [0u8; 32];
-            if hash.len() == 32 {
-                fixed.copy_from_slice(&hash);
-            }
-            (id, (fixed, json))
-        })
-        .collect())
+    Ok(rows.into_iter().map(|r| (r.request_id, r)).collect())
 }

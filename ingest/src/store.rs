@@ -7,14 +7,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::NaiveDate;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
-use usage_contract::{UsageEvent, Violation};
+use usage_contract::{StoredRequest, UsageEvent, Violation};
 use uuid::Uuid;
 
 use crate::batch::{compare, Candidate, Decoded, Rejected, Verdict};
 use crate::dead_letters::insert_dead_letters;
 use crate::hourly::{mark_late_hours, upsert_hourly};
 use crate::offsets::{self, ConsumerKey, Ledger};
-use crate::request_rows::{insert_request_rows, stored_versions};
+use crate::request_rows::{insert_request_rows, stored_rows};
 
 /// What a committed batch did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -103,15 +103,17 @@ pub async fn commit_batch(
             fenced: unmoved.fenced,
         });
     }
-    let counts = apply(&mut tx, decoded).await?;
+    let counts = apply(&mut tx, &key.topic, decoded).await?;
     tx.commit().await?;
     Ok(Outcome::Committed(counts))
 }
 
 /// Writes a decoded batch inside an open transaction: request rows, hourly
-/// deltas for what was inserted, dead letters for the rest.
+/// deltas for what was inserted, dead letters for the rest, filed under
+/// `topic`, the topic the messages were read from.
 pub async fn apply(
     tx: &mut Transaction<'_, Postgres>,
+    topic: &str,
     decoded: Decoded,
 ) -> Result<Counts, sqlx::Error> {
     let Decoded {
@@ -167,52 +169,92 @@ pub async fn apply(
     // Every id not inserted now has a stored version to compare against:
     // either a row from an earlier batch, or this batch's first occurrence.
     // Only an id repeated within this batch can meet its just-inserted
-    // version again, so only those get the stored version built as JSON
-    // (building it for every row cost a third of the batch's CPU).
+    // version again, so only those keep their event aside. Comparing takes
+    // the hashes alone; the stored version's JSON is built for conflicts only.
     let repeated: HashSet<Uuid> = repeats
         .iter()
         .map(|c| c.event.request_id.as_uuid())
         .collect();
-    let mut stored: HashMap<Uuid, ([u8; 32], serde_json::Value)> = HashMap::new();
+    let mut stored: HashMap<Uuid, Stored> = HashMap::new();
     let mut lookup = Vec::new();
     for c in &firsts {
         let id = c.event.request_id.as_uuid();
         if !inserted.contains(&id) {
             lookup.push(id);
         } else if repeated.contains(&id) {
-            stored.insert(id, (c.hash, to_json(&c.event)));
+            let (hash, event) = (c.hash, c.event.clone());
+            stored.insert(id, Stored::Batch { hash, event });
         }
     }
-    stored.extend(stored_versions(tx, &lookup).await?);
+    let rows = stored_rows(tx, &lookup).await?;
+    stored.extend(rows.into_iter().map(|(id, row)| (id, Stored::Row(row))));
 
     let (counted, others): (Vec<_>, Vec<_>) = firsts
         .into_iter()
         .partition(|c| inserted.contains(&c.event.request_id.as_uuid()));
     counts.inserted = counted.len() as u64;
     for c in others.into_iter().chain(repeats) {
-        let Some((hash, version)) = stored.get(&c.event.request_id.as_uuid()) else {
+        let Some(version) = stored.get(&c.event.request_id.as_uuid()) else {
             // The row vanished between insert and lookup: only possible if a
             // partition was dropped concurrently. Keep the message.
             let violation = Violation::InvalidField("stored version disappeared".into());
             rejected.push(reject(c, violation, None));
             continue;
         };
-        match compare(hash, &c.hash) {
+        match compare(version.hash(), &c.hash) {
             Verdict::Duplicate => counts.duplicates += 1,
             Verdict::Conflict => {
                 counts.conflicts += 1;
-                rejected.push(reject(c, Violation::Conflict, Some(version.clone())));
+                let json = version.canonical_json();
+                rejected.push(reject(c, Violation::Conflict, json));
             }
         }
     }
 
     upsert_hourly(tx, counted.iter().map(|c| &c.event)).await?;
     mark_late_hours(tx, counted.iter().map(|c| &c.event)).await?;
-    counts.dead_lettered = insert_dead_letters(tx, &rejected).await?;
+    counts.dead_lettered = insert_dead_letters(tx, topic, &rejected).await?;
     Ok(counts)
 }
 
-fn reject(c: Candidate, violation: Violation, stored: Option<serde_json::Value>) -> Rejected {
+/// The version of an id that is already stored, to compare a later one with.
+enum Stored {
+    /// Inserted earlier in this batch.
+    Batch { hash: [u8; 32], event: UsageEvent },
+    /// In request_log since an earlier batch.
+    Row(StoredRequest),
+}
+
+impl Stored {
+    fn hash(&self) -> &[u8] {
+        match self {
+            Self::Batch { hash, .. } => hash,
+            Self::Row(row) => &row.content_hash,
+        }
+    }
+
+    /// The stored version as the contract's canonical JSON, as the gateway
+    /// serialized it (a row goes back through the contract's one conversion).
+    fn canonical_json(&self) -> Option<String> {
+        match self {
+            Self::Batch { event, .. } => Some(event.to_json_string()),
+            Self::Row(row) => match row.to_event() {
+                Ok(event) => Some(event.to_json_string()),
+                Err(error) => {
+                    // Only a row written by something other than ingest.
+                    tracing::warn!(
+                        request_id = %row.request_id,
+                        %error,
+                        "stored row is not a contract event; conflict kept without its stored version"
+                    );
+                    None
+                }
+            },
+        }
+    }
+}
+
+fn reject(c: Candidate, violation: Violation, stored: Option<String>) -> Rejected {
     Rejected {
         partition: c.partition,
         offset: c.offset,
@@ -222,10 +264,6 @@ fn reject(c: Candidate, violation: Violation, stored: Option<serde_json::Value>)
         tenant_id: Some(c.event.tenant_id),
         stored_version: stored,
     }
-}
-
-fn to_json(e: &UsageEvent) -> serde_json::Value {
-    serde_json::to_value(e).unwrap_or(serde_json::Value::Null)
 }
 
 async fn known_tenants(

@@ -1,12 +1,15 @@
 //! Running ingest: SIGTERM commits what it holds, bad configuration stops it
-//! with a message naming the setting, its metrics count outcomes, and dead
-//! letters are re-driven exactly once after a fix.
+//! with a message naming the setting, its metrics count outcomes, dead
+//! letters are filed under the topic they came from and re-driven exactly
+//! once after a fix, and a conflict keeps the stored version as the
+//! contract's canonical JSON.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
 use std::time::Duration;
 
 use chrono::{DurationRound, TimeDelta, Utc};
+use rdkafka::producer::FutureRecord;
 use rust_decimal::Decimal;
 use tests::process::{bin_dir, free_port};
 use tests::{Service, TestStack};
@@ -76,7 +79,9 @@ async fn apply_batch(
         .await
         .unwrap();
     let mut tx = pool.begin().await.unwrap();
-    let counts = ingest::store::apply(&mut tx, decoded).await.unwrap();
+    let counts = ingest::store::apply(&mut tx, usage_contract::TOPIC, decoded)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     counts
 }
@@ -343,4 +348,180 @@ async fn a_batch_meeting_stored_ids_counts_only_the_new_rows() {
             .await
             .unwrap();
     assert_eq!(conflicts, 1);
+}
+
+/// Two topics feeding one database: a malformed message at the same
+/// partition and offset of each is dead-lettered twice, each under the topic
+/// it came from, and re-driving them keeps each one once, under its topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_of_two_topics_at_one_offset_are_both_kept() {
+    let stack = TestStack::new("two_topics").await;
+    let second = format!("{}.second", stack.topic);
+    usage_contract::topic::create(&stack.brokers, &second, 4)
+        .await
+        .unwrap();
+    let first_ingest = ingest(&stack, &[("INGEST_LINGER_MS", "50")]);
+    let second_group = format!("{}-second", stack.group);
+    let _second_ingest = ingest(
+        &stack,
+        &[
+            ("INGEST_TOPIC", &second),
+            ("INGEST_GROUP", &second_group),
+            ("INGEST_LINGER_MS", "50"),
+        ],
+    );
+    // Partition 0 of each topic: offset 0 undecodable, offset 1 an event of
+    // a tenant that does not exist yet (one tenant per topic).
+    let producer = stack.producer();
+    for (topic, tenant) in [(&stack.topic, "late-first"), (&second, "late-second")] {
+        let payloads = [b"not json".to_vec(), event(tenant, 1).to_json()];
+        for (offset, payload) in (0i64..).zip(payloads) {
+            let record = FutureRecord::to(topic)
+                .partition(0)
+                .key(tenant)
+                .payload(&payload);
+            let landed = producer
+                .send(record, Duration::from_secs(30))
+                .await
+                .map_err(|(e, _)| e)
+                .unwrap();
+            assert_eq!((landed.partition, landed.offset), (0, offset), "{topic}");
+        }
+    }
+    wait_until(
+        &stack,
+        "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets",
+        4,
+        &first_ingest,
+    )
+    .await;
+    let expected = |outcome: Option<&str>| {
+        let mut rows = Vec::new();
+        for topic in [&stack.topic, &second] {
+            for (offset, code) in [(0i64, "undecodable"), (1, "unknown_tenant")] {
+                rows.push((
+                    topic.clone(),
+                    0i32,
+                    offset,
+                    code.to_owned(),
+                    outcome.map(|o| o.to_owned()),
+                ));
+            }
+        }
+        rows
+    };
+    let stored = || async {
+        sqlx::query_as::<_, (String, i32, i64, String, Option<String>)>(
+            "SELECT topic, kafka_partition, kafka_offset, reason_code,
+                    left(redrive_outcome, 14)
+             FROM dead_letters ORDER BY topic, kafka_partition, kafka_offset",
+        )
+        .fetch_all(&stack.pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(
+        stored().await,
+        expected(None),
+        "{}",
+        first_ingest.log_tail()
+    );
+
+    // Re-driven while the tenants are still missing: each stays once, under its topic.
+    let report = ingest::dead_letters::redrive(&stack.pool, None)
+        .await
+        .unwrap();
+    assert_eq!((report.counted, report.still_rejected), (0, 4));
+    assert_eq!(stored().await, expected(Some("still rejected")));
+
+    // After the fix both events count, once each.
+    add_tenant(&stack.pool, "late-first").await;
+    add_tenant(&stack.pool, "late-second").await;
+    let report = ingest::dead_letters::redrive(&stack.pool, Some("unknown_tenant"))
+        .await
+        .unwrap();
+    assert_eq!(report.counted, 2);
+    assert_eq!(
+        count(&stack, "SELECT count(*) FROM request_log").await,
+        2,
+        "both re-driven events are stored"
+    );
+    assert_eq!(count(&stack, "SELECT count(*) FROM dead_letters").await, 4);
+}
+
+/// A conflict's stored version is the first stored event in the contract's
+/// canonical JSON, byte for byte: decimals as strings, in the gateway's key
+/// order, whether the stored version was met in an earlier batch (read back
+/// from request_log) or earlier in the same batch.
+#[tokio::test]
+async fn a_conflicts_stored_version_is_the_first_event_as_canonical_json() {
+    let (_, pool) = tests::stack::fresh_database("stored_version").await;
+    add_tenant(&pool, "acme-corp").await;
+    // GPU-seconds at scales other than the column's six places, as any
+    // producer may write them: "0.50874" and "0".
+    let mut earlier = event("acme-corp", 1);
+    earlier.gpu_seconds = Decimal::new(50_874, 5);
+    earlier.preempted_gpu_seconds = Decimal::ZERO;
+    earlier.ttft_ms = Some(120);
+    let mut changed_later = earlier.clone();
+    changed_later.completion_tokens += 1;
+    let mut same_batch = event("acme-corp", 2);
+    same_batch.gpu_seconds = Decimal::new(1_250_000, 6);
+    same_batch.preempted_gpu_seconds = Decimal::new(25, 2);
+    let mut changed_same_batch = same_batch.clone();
+    changed_same_batch.prompt_tokens += 7;
+
+    let first = apply_batch(&pool, &messages(0, vec![earlier.to_json()])).await;
+    assert_eq!(first.inserted, 1);
+    let second = apply_batch(
+        &pool,
+        &messages(
+            1,
+            vec![
+                changed_later.to_json(),
+                same_batch.to_json(),
+                changed_same_batch.to_json(),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!((second.inserted, second.conflicts), (1, 2));
+
+    let rows: Vec<(uuid::Uuid, Option<String>)> = sqlx::query_as(
+        "SELECT request_id, stored_version::text FROM dead_letters
+         WHERE reason_code = 'conflict' ORDER BY kafka_offset",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 2);
+    for ((id, text), original) in rows.iter().zip([&earlier, &same_batch]) {
+        assert_eq!(*id, original.request_id.as_uuid());
+        let text = text
+            .as_deref()
+            .expect("a conflict keeps the stored version");
+        let decoded = usage_contract::decode(text.as_bytes(), Utc::now())
+            .unwrap_or_else(|v| panic!("stored version does not decode ({v}): {text}"));
+        assert_eq!(&decoded, original, "{text}");
+        assert_eq!(
+            text.as_bytes(),
+            original.to_json().as_slice(),
+            "not the canonical JSON of the first event"
+        );
+        let json: serde_json::Value = serde_json::from_str(text).unwrap();
+        for field in ["gpu_seconds", "preempted_gpu_seconds"] {
+            assert!(json[field].is_string(), "{field} is not a string: {text}");
+        }
+    }
+    // `ingest dead-letters` lists the same versions, as the same JSON.
+    let open = ingest::dead_letters::list_open(&pool, Some("conflict"), 10)
+        .await
+        .unwrap();
+    for (dl, original) in open.iter().zip([&earlier, &same_batch]) {
+        assert_eq!(dl.stored_version.as_ref(), Some(original));
+        let line = serde_json::to_string(dl).unwrap();
+        let canonical = format!("\"stored_version\":{}", original.to_json_string());
+        assert!(line.contains(&canonical), "{line}");
+    }
+    assert_eq!(open.len(), 2);
 }

@@ -71,7 +71,9 @@ async fn ingest(pool: &PgPool, events: &[UsageEvent], first_offset: i64) -> inge
         .await
         .unwrap();
     let mut tx = pool.begin().await.unwrap();
-    let counts = apply(&mut tx, decoded).await.unwrap();
+    let counts = apply(&mut tx, usage_contract::TOPIC, decoded)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     counts
 }

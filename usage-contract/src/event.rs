@@ -71,6 +71,13 @@ impl FinishReason {
             Self::Error => "error",
         }
     }
+
+    /// The reason named `text` ([`as_str`](Self::as_str)'s inverse).
+    pub fn parse(text: &str) -> Option<Self> {
+        [Self::Stop, Self::Length, Self::Cancelled, Self::Error]
+            .into_iter()
+            .find(|r| r.as_str() == text)
+    }
 }
 
 impl UsageEvent {
@@ -79,6 +86,11 @@ impl UsageEvent {
     pub fn to_json(&self) -> Vec<u8> {
         // Serializing plain data with string keys cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// [`to_json`](Self::to_json) as text, for a text column or a log line.
+    pub fn to_json_string(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
     }
 
     /// SHA-256 of the canonical form. Two versions of one `request_id` with

@@ -10,6 +10,8 @@
 //! - [`event`]: the v1 event, its serde form and its content hash
 //! - [`validate`]: the rules an event must keep, each named
 //! - [`decode`]: bytes → validated event, or the violation that says why not
+//! - [`stored`]: a `request_log` row, and the one conversion from it back to
+//!   the event it was stored from (with feature `sqlx`, read by name)
 //! - `topic` (feature `kafka`): creating a topic, for benches and tests
 //!
 //! Invariants: counts are integers, GPU time is an exact decimal with at most
@@ -18,6 +20,7 @@
 pub mod decode;
 pub mod event;
 pub mod request_id;
+pub mod stored;
 #[cfg(feature = "kafka")]
 pub mod topic;
 pub mod validate;
@@ -25,7 +28,9 @@ pub mod validate;
 pub use decode::decode;
 pub use event::{FinishReason, UsageEvent, GPU_SECONDS_SCALE, SCHEMA_VERSION};
 pub use request_id::RequestId;
+pub use stored::{StoredRequest, StoredRequestError};
 pub use validate::Violation;
 
-/// The Kafka topic carrying contract v1.
+/// The default topic carrying contract v1 (every service reads its topic
+/// from its settings: `GATEWAY_TOPIC`, `INGEST_TOPIC`, `ARCHIVE_TOPIC`).
 pub const TOPIC: &str = "usage.events.v1";
