@@ -22,6 +22,8 @@ use crate::rating::{
 #[derive(Debug, Clone)]
 pub struct Tenant {
     pub tenant_id: String,
+    /// The tenant's name as people read it (the FOCUS billing account's name).
+    pub display_name: String,
     pub billing_mode: BillingMode,
     pub shadow: bool,
     pub time_zone: Tz,
@@ -29,21 +31,22 @@ pub struct Tenant {
 
 /// Tenants by id (all of them when `ids` is `None`), ordered by id.
 pub async fn tenants(pool: &PgPool, ids: Option<&[String]>) -> Result<Vec<Tenant>, BillingError> {
-    let rows: Vec<(String, String, bool, String)> = sqlx::query_as(
-        "SELECT tenant_id, billing_mode, shadow, time_zone FROM tenants
+    let rows: Vec<(String, String, String, bool, String)> = sqlx::query_as(
+        "SELECT tenant_id, display_name, billing_mode, shadow, time_zone FROM tenants
          WHERE $1::text[] IS NULL OR tenant_id = ANY($1) ORDER BY tenant_id",
     )
     .bind(ids)
     .fetch_all(pool)
     .await?;
     rows.into_iter()
-        .map(|(tenant_id, mode, shadow, tz)| {
+        .map(|(tenant_id, display_name, mode, shadow, tz)| {
             Ok(Tenant {
                 billing_mode: BillingMode::parse(&mode).ok_or_else(|| {
                     BillingError::Config(format!("tenant {tenant_id}: billing_mode {mode:?}"))
                 })?,
                 time_zone: parse_zone(&tz)?,
                 tenant_id,
+                display_name,
                 shadow,
             })
         })

@@ -268,15 +268,12 @@ pub async fn focus_export(
     Query(q): Query<FocusQuery>,
 ) -> Result<Response, BillingError> {
     check(&who, None, Access::ManageMoney)?;
-    let ids: Vec<String> = drafts::tenants(&state.pool, None)
-        .await?
-        .into_iter()
-        .map(|t| t.tenant_id)
-        .collect();
+    let tenants = drafts::tenants(&state.pool, None).await?;
+    let ids: Vec<String> = tenants.iter().map(|t| t.tenant_id.clone()).collect();
     let invoices = lifecycle::current_many(&state.pool, q.period, &ids).await?;
     audit(&state.pool, &who, "export_focus", None).await?;
     match q.format.unwrap_or_default() {
-        FocusFormat::Csv => Ok(csv_response(export::focus_csv(&invoices)?, None)),
+        FocusFormat::Csv => Ok(csv_response(export::focus_csv(&invoices, &tenants)?, None)),
         FocusFormat::Parquet => Ok((
             [
                 (header::CONTENT_TYPE, "application/vnd.apache.parquet"),
@@ -285,7 +282,7 @@ pub async fn focus_export(
                     "attachment; filename=\"focus.parquet\"",
                 ),
             ],
-            export::focus_parquet(&invoices)?,
+            export::focus_parquet(&invoices, &tenants)?,
         )
             .into_response()),
     }
