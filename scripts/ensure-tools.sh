@@ -21,6 +21,21 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 
 # == schemathesis (PyPI): schema-driven testing of billing-api's /openapi.json
+# In a virtualenv of its own under the cache (any system Python will do);
+# tests/tests/openapi_conformance.rs runs its `st`.
+SCHEMATHESIS_VERSION=4.32.5
+SCHEMATHESIS_VENV="${METERLINE_CACHE:-$HOME/.cache/meterline}/schemathesis-$SCHEMATHESIS_VERSION"
+if ! "$SCHEMATHESIS_VENV/bin/st" --version >/dev/null 2>&1; then
+  command -v python3 >/dev/null 2>&1 || apt_install python3
+  rm -rf "$SCHEMATHESIS_VENV"
+  # Debian's python3 makes a virtualenv only with python3-venv (ensurepip).
+  python3 -m venv "$SCHEMATHESIS_VENV" 2>/dev/null || {
+    apt_install python3-venv
+    rm -rf "$SCHEMATHESIS_VENV"
+    python3 -m venv "$SCHEMATHESIS_VENV"
+  }
+  "$SCHEMATHESIS_VENV/bin/pip" install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION"
+fi
 
 # == FOCUS validator (PyPI): the FOCUS exports, CSV and Parquet
 # focus-validator 2.2.1 ships the rules of FOCUS 1.2 in its package

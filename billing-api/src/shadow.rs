@@ -32,7 +32,10 @@ pub struct ShadowBill {
     #[serde(with = "rust_decimal::serde::str")]
     pub projected_month_total: Decimal,
     pub by_model: BTreeMap<String, Amount>,
+    /// By local day, `YYYY-MM-DD`.
     pub by_day: BTreeMap<NaiveDate, Amount>,
+    /// By local hour of day, `0` to `23` (JSON keys are strings).
+    #[schema(value_type = BTreeMap<String, Amount>)]
     pub by_hour_of_day: BTreeMap<u32, Amount>,
     pub peak: Amount,
     pub off_peak: Amount,
