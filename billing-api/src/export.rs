@@ -526,3 +526,454 @@ fn kind(k: LineKind) -> &'static str {
         LineKind::Adjustment => "adjustment",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeSet, HashSet};
+
+    use arrow_array::{Array, Decimal128Array, StringArray};
+    use chrono_tz::Tz;
+    use rust_decimal_macros::dec;
+
+    use super::*;
+    use crate::invoice::{InvoiceBody, InvoiceHead, UsageTotals};
+    use crate::rating::{rate, BillingMode, PriceBook, UsageGroup};
+
+    const SEPTEMBER: Month = Month {
+        year: 2026,
+        month: 9,
+    };
+
+    fn book() -> PriceBook {
+        PriceBook::from_yaml(include_str!("../../config/price-book.yaml")).unwrap()
+    }
+
+    fn tenant(id: &str, name: &str, tz: Tz, mode: BillingMode, shadow: bool) -> Tenant {
+        Tenant {
+            tenant_id: id.into(),
+            display_name: name.into(),
+            billing_mode: mode,
+            shadow,
+            time_zone: tz,
+        }
+    }
+
+    fn group(model: &str, priority: i16, off_peak: bool, micros: i64) -> UsageGroup {
+        UsageGroup {
+            model: model.into(),
+            priority,
+            off_peak,
+            requests: 3,
+            prompt_tokens: 1_234_567,
+            cached_tokens: 200_003,
+            completion_tokens: 345_679,
+            gpu_seconds: Decimal::new(micros, 6),
+        }
+    }
+
+    fn money_line(
+        kind: LineKind,
+        description: &str,
+        amount: Decimal,
+        adjusts: Option<&str>,
+    ) -> Line {
+        Line {
+            kind,
+            description: description.into(),
+            model: None,
+            priority: None,
+            off_peak: None,
+            unit: "-".into(),
+            quantity: Decimal::ONE,
+            unit_price: amount,
+            per: 1,
+            amount,
+            adjusts: adjusts.map(String::from),
+        }
+    }
+
+    fn invoice(t: &Tenant, groups: &[UsageGroup], extra: Vec<Line>) -> Invoice {
+        let book = book();
+        let (start, end) = SEPTEMBER.bounds(t.time_zone);
+        let mut lines = rate(groups, &book, t.billing_mode).unwrap();
+        lines.extend(extra);
+        let head = InvoiceHead {
+            tenant_id: t.tenant_id.clone(),
+            period: SEPTEMBER.to_string(),
+            period_start: start,
+            period_end: end,
+            time_zone: t.time_zone.name().into(),
+            currency: book.currency.clone(),
+            price_book: book.version.clone(),
+            billing_mode: t.billing_mode,
+            shadow: t.shadow,
+        };
+        Invoice::draft(InvoiceBody::new(head, UsageTotals::default(), lines))
+    }
+
+    /// Three tenants in three time zones: per-token with an off-peak
+    /// discount and an overhead share; per-GPU-second finalized, with a
+    /// discount and an adjustment for August; a shadow tenant.
+    fn dataset() -> (Vec<Invoice>, Vec<Tenant>) {
+        let acme = tenant(
+            "acme-corp",
+            "Acme Corp",
+            Tz::UTC,
+            BillingMode::PerToken,
+            false,
+        );
+        let p1 = tenant(
+            "p1-team",
+            "P1 Team",
+            Tz::America__New_York,
+            BillingMode::PerGpuSecond,
+            false,
+        );
+        let night = tenant(
+            "night-team",
+            "Night Team",
+            Tz::America__Los_Angeles,
+            BillingMode::PerGpuSecond,
+            true,
+        );
+        let overhead = |amount| {
+            money_line(
+                LineKind::Overhead,
+                "shared overhead for 2026-09",
+                amount,
+                None,
+            )
+        };
+        let mut p1_invoice = invoice(
+            &p1,
+            &[
+                group("llama-3.1-70b", 1, false, 44_640_000_000_001),
+                group("llama-3.1-70b", 1, true, 12_345_678_901),
+            ],
+            vec![
+                overhead(dec!(1394.38)),
+                money_line(
+                    LineKind::Adjustment,
+                    "usage for 2026-08 that arrived after its invoice was finalized",
+                    dec!(2.00),
+                    Some("2026-08"),
+                ),
+            ],
+        );
+        p1_invoice.status = Status::Finalized;
+        p1_invoice.number = Some(7);
+        let invoices = vec![
+            invoice(
+                &acme,
+                &[
+                    group("llama-3.1-70b", 3, false, 1),
+                    group("llama-3.1-70b", 3, true, 1),
+                ],
+                vec![overhead(dec!(12.34))],
+            ),
+            p1_invoice,
+            invoice(
+                &night,
+                &[group("llama-3.1-8b", 3, true, 360_000_000)],
+                vec![overhead(dec!(11.24))],
+            ),
+        ];
+        (invoices, vec![acme, p1, night])
+    }
+
+    /// The CSV as one map per row, column name → field.
+    fn csv_rows() -> Vec<HashMap<String, String>> {
+        let (invoices, tenants) = dataset();
+        let csv = focus_csv(&invoices, &tenants).unwrap();
+        let mut reader = csv::Reader::from_reader(csv.as_bytes());
+        let headers: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+        reader
+            .records()
+            .map(|r| {
+                headers
+                    .iter()
+                    .cloned()
+                    .zip(r.unwrap().iter().map(String::from))
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn parquet_batch() -> RecordBatch {
+        let (invoices, tenants) = dataset();
+        let bytes = focus_parquet(&invoices, &tenants).unwrap();
+        let path = std::env::temp_dir().join(format!("focus-{}.parquet", uuid::Uuid::now_v7()));
+        std::fs::write(&path, bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let mut reader =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReader::try_new(file, 1 << 16).unwrap();
+        let batch = reader.next().unwrap().unwrap();
+        assert!(reader.next().is_none(), "one batch");
+        std::fs::remove_file(&path).unwrap();
+        batch
+    }
+
+    fn strings<'b>(batch: &'b RecordBatch, name: &str) -> &'b StringArray {
+        batch
+            .column_by_name(name)
+            .unwrap()
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap()
+    }
+
+    fn number(row: &HashMap<String, String>, column: &str) -> Option<Decimal> {
+        let field = &row[column];
+        (!field.is_empty()).then(|| field.parse().unwrap())
+    }
+
+    #[test]
+    fn parquet_charge_class_is_null_except_on_corrections() {
+        let batch = parquet_batch();
+        let (class, category) = (
+            strings(&batch, "ChargeClass"),
+            strings(&batch, "ChargeCategory"),
+        );
+        for i in 0..batch.num_rows() {
+            if category.value(i) == "Adjustment" {
+                assert_eq!(class.value(i), "Correction");
+            } else {
+                assert!(
+                    class.is_null(i),
+                    "row {i} ({}): {:?}",
+                    category.value(i),
+                    class.value(i)
+                );
+            }
+        }
+        assert!(class.null_count() > 0 && class.null_count() < batch.num_rows());
+        // No string column anywhere holds an empty string in place of a null.
+        for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+            if let Some(s) = column.as_any().downcast_ref::<StringArray>() {
+                assert!(
+                    s.iter().all(|v| v != Some("")),
+                    "{} has an empty string",
+                    field.name()
+                );
+            }
+            assert!(
+                field.is_nullable() || column.null_count() == 0,
+                "{} is declared not null",
+                field.name()
+            );
+        }
+    }
+
+    #[test]
+    fn date_times_are_utc_seconds_ending_in_z() {
+        for row in csv_rows() {
+            for column in [
+                "BillingPeriodStart",
+                "BillingPeriodEnd",
+                "ChargePeriodStart",
+                "ChargePeriodEnd",
+            ] {
+                let v = &row[column];
+                assert!(
+                    v.len() == 20 && v.ends_with('Z') && v.as_bytes()[10] == b'T',
+                    "{column} = {v:?}"
+                );
+                assert!(DateTime::parse_from_rfc3339(v).is_ok(), "{column} = {v:?}");
+            }
+        }
+        assert_eq!(
+            date_time(SEPTEMBER.bounds(Tz::America__New_York).0),
+            "2026-09-01T04:00:00Z"
+        );
+        let batch = parquet_batch();
+        assert_eq!(
+            batch
+                .schema()
+                .field_with_name("BillingPeriodStart")
+                .unwrap()
+                .data_type(),
+            &DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+        );
+    }
+
+    #[test]
+    fn credit_and_adjustment_rows_are_money_only() {
+        let rows = csv_rows();
+        let mut seen = BTreeSet::new();
+        for row in rows.iter().filter(|r| r["ChargeCategory"] != "Usage") {
+            seen.insert(row["ChargeCategory"].clone());
+            for column in [
+                "ListUnitPrice",
+                "PricingQuantity",
+                "PricingUnit",
+                "ConsumedQuantity",
+                "ConsumedUnit",
+                "SkuId",
+                "SkuPriceId",
+                "SkuMeter",
+            ] {
+                assert_eq!(
+                    row[column], "",
+                    "{} row has {column}",
+                    row["ChargeCategory"]
+                );
+            }
+            let effective = number(row, "EffectiveCost").unwrap();
+            assert!(!effective.is_zero());
+            assert_eq!(number(row, "ListCost"), Some(effective), "{row:?}");
+            assert_eq!(number(row, "ContractedCost"), Some(effective));
+            let billed = number(row, "BilledCost").unwrap();
+            if row["BillingAccountId"] == "night-team" {
+                assert!(billed.is_zero(), "a shadow tenant is never billed");
+            } else {
+                assert_eq!(billed, effective);
+            }
+        }
+        assert_eq!(
+            seen,
+            BTreeSet::from(["Adjustment".to_owned(), "Credit".to_owned()])
+        );
+        let credits: Vec<_> = rows
+            .iter()
+            .filter(|r| r["ChargeCategory"] == "Credit")
+            .collect();
+        assert_eq!(credits.len(), 3, "one off-peak discount per tenant");
+        assert!(credits
+            .iter()
+            .all(|r| number(r, "EffectiveCost").unwrap() < Decimal::ZERO));
+        // The correction is charged to the month it corrects, on this month's bill.
+        let adjustment = rows
+            .iter()
+            .find(|r| r["ChargeCategory"] == "Adjustment")
+            .unwrap();
+        assert_eq!(adjustment["ChargeClass"], "Correction");
+        assert_eq!(adjustment["ChargePeriodStart"], "2026-08-01T04:00:00Z");
+        assert_eq!(adjustment["ChargePeriodEnd"], "2026-09-01T04:00:00Z");
+        assert_eq!(adjustment["BillingPeriodStart"], "2026-09-01T04:00:00Z");
+        assert_eq!(adjustment["InvoiceId"], "INV-7");
+    }
+
+    #[test]
+    fn units_follow_focus_unit_format() {
+        let rows = csv_rows();
+        let pricing: HashSet<&str> = rows
+            .iter()
+            .map(|r| r["PricingUnit"].as_str())
+            .filter(|u| !u.is_empty())
+            .collect();
+        assert_eq!(
+            pricing,
+            HashSet::from(["1000000 Tokens", "GPU-Hours", "Month"])
+        );
+        let consumed: HashSet<&str> = rows
+            .iter()
+            .map(|r| r["ConsumedUnit"].as_str())
+            .filter(|u| !u.is_empty())
+            .collect();
+        assert_eq!(consumed, HashSet::from(["Tokens", "GPU-Hours", "Month"]));
+        // A quantity in a unit is a whole number and a space: never "1M".
+        assert_eq!(pricing_unit("input_tokens", 1_000_000), "1000000 Tokens");
+        assert_eq!(pricing_unit("output_tokens", 1), "Tokens");
+        for row in rows.iter().filter(|r| r["PricingUnit"] == "1000000 Tokens") {
+            assert_eq!(
+                number(row, "PricingQuantity").unwrap() * dec!(1_000_000),
+                number(row, "ConsumedQuantity").unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn each_tenant_is_its_own_billing_account_with_one_billing_period() {
+        let rows = csv_rows();
+        let mut accounts: HashMap<&str, BTreeSet<(&str, &str, &str)>> = HashMap::new();
+        for r in &rows {
+            assert_eq!(r["SubAccountId"], r["BillingAccountId"]);
+            assert_eq!(r["SubAccountName"], r["BillingAccountName"]);
+            accounts
+                .entry(r["BillingAccountId"].as_str())
+                .or_default()
+                .insert((
+                    r["BillingAccountName"].as_str(),
+                    r["BillingPeriodStart"].as_str(),
+                    r["BillingPeriodEnd"].as_str(),
+                ));
+        }
+        let one = |id: &str| -> Vec<(&str, &str, &str)> { accounts[id].iter().copied().collect() };
+        assert_eq!(accounts.len(), 3);
+        assert_eq!(
+            one("acme-corp"),
+            vec![("Acme Corp", "2026-09-01T00:00:00Z", "2026-10-01T00:00:00Z")]
+        );
+        assert_eq!(
+            one("p1-team"),
+            vec![("P1 Team", "2026-09-01T04:00:00Z", "2026-10-01T04:00:00Z")]
+        );
+        assert_eq!(
+            one("night-team"),
+            vec![("Night Team", "2026-09-01T07:00:00Z", "2026-10-01T07:00:00Z")]
+        );
+        // A tenant the list does not name is named by its id.
+        let (invoices, _) = dataset();
+        let csv = focus_csv(&invoices[..1], &[]).unwrap();
+        assert!(csv.contains("\nacme-corp,acme-corp,USD,"), "{csv}");
+    }
+
+    #[test]
+    fn list_cost_is_list_unit_price_times_pricing_quantity_exactly() {
+        let rows = csv_rows();
+        let mut usage = 0;
+        for row in rows.iter().filter(|r| r["ChargeCategory"] == "Usage") {
+            usage += 1;
+            let (price, quantity) = (
+                number(row, "ListUnitPrice").unwrap(),
+                number(row, "PricingQuantity").unwrap(),
+            );
+            assert!(price >= Decimal::ZERO);
+            assert_eq!(number(row, "ListCost"), Some(price * quantity), "{row:?}");
+            assert!(
+                row["SkuPriceId"].starts_with(&format!("{}@", row["SkuId"])),
+                "{row:?}"
+            );
+            assert!(!row["SkuMeter"].is_empty());
+        }
+        assert!(usage >= 9, "token, GPU and overhead rows");
+    }
+
+    #[test]
+    fn csv_and_parquet_carry_the_same_values() {
+        let rows = csv_rows();
+        let batch = parquet_batch();
+        assert_eq!(batch.num_rows(), rows.len());
+        for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+            let name = field.name();
+            for (i, row) in rows.iter().enumerate() {
+                let csv = &row[name.as_str()];
+                assert_eq!(column.is_null(i), csv.is_empty(), "{name} row {i}");
+                if let Some(d) = column.as_any().downcast_ref::<Decimal128Array>() {
+                    if !d.is_null(i) {
+                        let parquet = Decimal::from_i128_with_scale(d.value(i), PARQUET_SCALE);
+                        assert_eq!(parquet, csv.parse::<Decimal>().unwrap(), "{name} row {i}");
+                    }
+                }
+                if let Some(s) = column.as_any().downcast_ref::<StringArray>() {
+                    if !s.is_null(i) {
+                        assert_eq!(s.value(i), csv, "{name} row {i}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decimals_stay_exact() {
+        assert_eq!(scaled(dec!(1.5)).unwrap(), 15_000_000_000);
+        assert_eq!(scaled(dec!(-0.0000000001)).unwrap(), -1);
+        assert!(
+            scaled(dec!(0.00000000001)).is_err(),
+            "finer than the Parquet scale fails, never rounds"
+        );
+        // Whole numbers keep a decimal point, so CSV readers type the column as decimal.
+        assert_eq!(csv_decimal(dec!(1234567)), "1234567.0");
+        assert_eq!(csv_decimal(dec!(0.60)), "0.60");
+    }
+}
