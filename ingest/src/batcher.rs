@@ -5,6 +5,17 @@
 //! retried with backoff, the batch kept in memory and the consumer held
 //! back by the bounded channel, so ingest keeps its place and resumes by
 //! itself.
+//!
+//! Every `offset_check`, also while no message arrives, the batcher reads
+//! the offsets stored in Postgres for the partitions it owns and compares
+//! them with the positions it holds. They differ when Postgres lost
+//! commits (a crash with `synchronous_commit = off`, a failover to a
+//! standby that was behind, a restored backup) or when another consumer
+//! moved them; either way the batcher stops as fenced and the session
+//! rejoins the group, starting again from what is stored. Without the
+//! check, lost commits were consumed again only when the next message
+//! reached that partition — never, on an idle one. The same read sets the
+//! lag gauge, so lag is measured from what is stored, not believed.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -14,8 +25,8 @@ use tokio::sync::mpsc;
 
 use crate::batch::{split_prepared, RawMessage};
 use crate::consumer::{Feed, HighWatermarks};
-use crate::offsets::ConsumerKey;
-use crate::store::{self, Outcome, Partitions};
+use crate::offsets::{self, ConsumerKey, Ledger};
+use crate::store::{self, Outcome, Partitions, SynchronousCommit};
 use crate::telemetry;
 
 /// Batching limits.
@@ -23,6 +34,9 @@ use crate::telemetry;
 pub struct BatchSettings {
     pub max_batch: usize,
     pub linger: Duration,
+    pub synchronous_commit: SynchronousCommit,
+    /// How often the stored offsets are compared with the held positions.
+    pub offset_check: Duration,
 }
 
 /// Why the batcher stopped.
@@ -68,10 +82,18 @@ impl Batcher {
 
     /// Runs until the feed closes or this consumer is fenced.
     pub async fn run(mut self, mut feed: mpsc::Receiver<Feed>) -> Stopped {
+        let mut check = tokio::time::interval(self.settings.offset_check);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let deadline = self.first_at.map(|t| t + self.settings.linger);
             let next = tokio::select! {
                 next = feed.recv() => next,
+                _ = check.tick() => {
+                    if let Err(moved) = self.check_offsets().await {
+                        return Stopped::Fenced(moved);
+                    }
+                    continue;
+                }
                 () = sleep_until(deadline) => {
                     if let Err(fenced) = self.flush().await {
                         return Stopped::Fenced(fenced);
@@ -139,7 +161,16 @@ impl Batcher {
                 .ensure(&self.pool, decoded.firsts.iter().map(|c| &c.event))
                 .await
             {
-                Ok(()) => store::commit_batch(&self.pool, &self.key, &self.owned, decoded).await,
+                Ok(()) => {
+                    store::commit_batch(
+                        &self.pool,
+                        &self.key,
+                        &self.owned,
+                        decoded,
+                        self.settings.synchronous_commit,
+                    )
+                    .await
+                }
                 Err(e) => Err(e),
             };
             match result {
@@ -150,7 +181,7 @@ impl Batcher {
                     }
                     self.pending.clear();
                     self.first_at = None;
-                    self.report_lag();
+                    self.report_lag(&self.owned);
                 }
                 Ok(Outcome::Stale { done, fenced }) => {
                     if !fenced.is_empty() {
@@ -178,13 +209,51 @@ impl Batcher {
         Ok(())
     }
 
-    fn report_lag(&self) {
+    /// Compares the stored offsets of the owned partitions with the held
+    /// positions (see the module docs). `Err`: the partitions that differ.
+    /// A failed read (Postgres away) changes nothing; the next tick retries.
+    async fn check_offsets(&self) -> Result<(), Vec<i32>> {
+        if self.owned.is_empty() {
+            return Ok(());
+        }
+        let partitions: Vec<i32> = self.owned.keys().copied().collect();
+        let stored = match offsets::load(&self.pool, Ledger::Ingest, &self.key, &partitions).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read stored offsets; checking again later");
+                return Ok(());
+            }
+        };
+        self.report_lag(&stored);
+        let moved: Vec<i32> = stored
+            .iter()
+            .filter(|(p, at)| self.owned.get(p) != Some(at))
+            .map(|(p, _)| *p)
+            .collect();
+        if moved.is_empty() {
+            return Ok(());
+        }
+        let held: BTreeMap<i32, Option<i64>> = moved.iter().map(|p| (*p, self.owned[p])).collect();
+        let found: BTreeMap<i32, Option<i64>> = moved.iter().map(|p| (*p, stored[p])).collect();
+        tracing::warn!(
+            ?held,
+            stored = ?found,
+            "stored offsets differ from the positions held (postgres lost commits, or another \
+             consumer moved them); rejoining to start from the stored offsets"
+        );
+        telemetry::record_offsets_mismatch(moved.len());
+        Err(moved)
+    }
+
+    /// Lag per partition: the broker's high watermark minus `next` (a
+    /// partition never committed lags by its whole high watermark).
+    fn report_lag(&self, next: &BTreeMap<i32, Option<i64>>) {
         let Ok(marks) = self.watermarks.lock() else {
             return;
         };
-        for (p, next) in &self.owned {
-            if let (Some(high), Some(next)) = (marks.get(p), next) {
-                telemetry::record_lag(*p, (high - next).max(0));
+        for (p, next) in next {
+            if let Some(high) = marks.get(p) {
+                telemetry::record_lag(*p, (high - next.unwrap_or(0)).max(0));
             }
         }
     }

@@ -32,6 +32,21 @@ pub struct IngestConfig {
     /// Flush a batch when its first message has waited this many milliseconds.
     #[arg(long, env = "INGEST_LINGER_MS", default_value_t = 200)]
     pub linger_ms: u64,
+    /// `on`: each batch's commit waits for its WAL flush; `off`: it does
+    /// not, and a Postgres crash's lost commits are found by the offsets
+    /// check and consumed again (see the README's exactly-once argument).
+    #[arg(
+        long,
+        env = "INGEST_SYNCHRONOUS_COMMIT",
+        value_enum,
+        default_value = "on"
+    )]
+    pub synchronous_commit: crate::store::SynchronousCommit,
+    /// How often, in milliseconds, the offsets stored in Postgres are
+    /// compared with the positions ingest holds (also while idle); a
+    /// difference makes ingest rejoin and start again from what is stored.
+    #[arg(long, env = "INGEST_OFFSET_CHECK_MS", default_value_t = 1000)]
+    pub offset_check_ms: u64,
     /// Where `/metrics` is served.
     #[arg(long, env = "INGEST_METRICS_ADDR", default_value = "127.0.0.1:9101")]
     pub metrics_addr: SocketAddr,
@@ -51,6 +66,12 @@ impl IngestConfig {
                 self.linger_ms
             )));
         }
+        if !(100..=600_000).contains(&self.offset_check_ms) {
+            return Err(IngestError::Config(format!(
+                "INGEST_OFFSET_CHECK_MS must be between 100 and 600000, got {}",
+                self.offset_check_ms
+            )));
+        }
         if self.kafka_brokers.trim().is_empty() {
             return Err(IngestError::Config("KAFKA_BROKERS is empty".into()));
         }
@@ -65,5 +86,9 @@ impl IngestConfig {
 
     pub fn linger(&self) -> Duration {
         Duration::from_millis(self.linger_ms)
+    }
+
+    pub fn offset_check(&self) -> Duration {
+        Duration::from_millis(self.offset_check_ms)
     }
 }

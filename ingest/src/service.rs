@@ -32,6 +32,8 @@ pub async fn run(
     let batch = BatchSettings {
         max_batch: config.max_batch,
         linger: config.linger(),
+        synchronous_commit: config.synchronous_commit,
+        offset_check: config.offset_check(),
     };
     let settings = ConsumerSettings {
         brokers: config.kafka_brokers.clone(),

@@ -70,6 +70,19 @@ impl Partitions {
     }
 }
 
+/// Whether a batch's commit waits for Postgres to flush its WAL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SynchronousCommit {
+    /// The commit returns once its WAL is on disk: a Postgres crash loses
+    /// nothing that was acknowledged (one flush per batch).
+    On,
+    /// The commit returns before its WAL is flushed: a Postgres crash can
+    /// lose the last commits, data and offsets together. Ingest then finds
+    /// the stored offsets behind the positions it holds (the periodic
+    /// offsets check, which runs while idle too) and consumes them again.
+    Off,
+}
+
 /// Commits one batch. `expected` holds, per partition, the stored offset
 /// this consumer believes in (`None`: no row yet).
 pub async fn commit_batch(
@@ -77,15 +90,14 @@ pub async fn commit_batch(
     key: &ConsumerKey,
     expected: &BTreeMap<i32, Option<i64>>,
     decoded: Decoded,
+    synchronous_commit: SynchronousCommit,
 ) -> Result<Outcome, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    // Safe without waiting for the WAL flush: data and offsets commit
-    // together, so a Postgres crash that loses this commit loses both, and
-    // the batch is consumed again from the older offset (our next CAS fails,
-    // we rejoin and reload). Nothing is lost or doubled; the commit is faster.
-    sqlx::query("SET LOCAL synchronous_commit = off")
-        .execute(&mut *tx)
-        .await?;
+    if synchronous_commit == SynchronousCommit::Off {
+        sqlx::query("SET LOCAL synchronous_commit = off")
+            .execute(&mut *tx)
+            .await?;
+    }
     // Offsets first: the row locks serialize two consumers of one partition
     // before either writes data, and a zombie fails fast.
     let unmoved = offsets::move_all(

@@ -12,6 +12,7 @@ pub const BATCH_SIZE: &str = "ingest_batch_size";
 pub const COMMIT_SECONDS: &str = "ingest_commit_seconds";
 pub const COMMIT_ERRORS: &str = "ingest_commit_errors_total";
 pub const LAG: &str = "ingest_consumer_lag";
+pub const OFFSETS_MISMATCHED: &str = "ingest_offsets_mismatched_total";
 
 /// Describes the metrics so `/metrics` carries HELP lines.
 pub fn describe() {
@@ -22,6 +23,10 @@ pub fn describe() {
     metrics::describe_histogram!(BATCH_SIZE, "Messages per committed batch");
     metrics::describe_histogram!(COMMIT_SECONDS, "Time to commit one batch to Postgres");
     metrics::describe_counter!(COMMIT_ERRORS, "Batch commits that failed and were retried");
+    metrics::describe_counter!(
+        OFFSETS_MISMATCHED,
+        "Partitions whose stored offsets differed from the positions held (Postgres lost commits, or another consumer moved them); each made ingest rejoin"
+    );
     metrics::describe_gauge!(
         LAG,
         "Messages between the broker's high watermark and the offset committed in Postgres"
@@ -39,6 +44,10 @@ pub fn record_batch(size: usize, took: Duration, counts: &Counts) {
     ] {
         counter!(EVENTS, "outcome" => outcome).increment(n);
     }
+}
+
+pub fn record_offsets_mismatch(partitions: usize) {
+    counter!(OFFSETS_MISMATCHED).increment(partitions as u64);
 }
 
 pub fn record_commit_error() {

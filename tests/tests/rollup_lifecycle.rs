@@ -232,6 +232,7 @@ async fn a_due_day_is_kept_until_the_archive_passes_its_barrier() {
         &key,
         &std::collections::BTreeMap::from([(0, None)]),
         decoded,
+        ingest::store::SynchronousCommit::On,
     )
     .await
     .unwrap();

@@ -10,7 +10,7 @@ use anyhow::{bail, ensure, Result};
 use chrono::{DateTime, SecondsFormat, Utc};
 use ingest::batch::{split, Decoded, RawMessage};
 use ingest::offsets::ConsumerKey;
-use ingest::store::{commit_batch, Outcome, Partitions};
+use ingest::store::{commit_batch, Outcome, Partitions, SynchronousCommit};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use sqlx::PgPool;
@@ -49,6 +49,7 @@ pub(crate) async fn transactions_alone(
     events: &[UsageEvent],
     max_batch: usize,
     streams: i32,
+    synchronous_commit: SynchronousCommit,
 ) -> Result<Duration> {
     let pool = bench_database(url).await?;
     let now = Utc::now();
@@ -74,7 +75,7 @@ pub(crate) async fn transactions_alone(
     let started = Instant::now();
     let commits = streams
         .into_iter()
-        .map(|batches| commit_in_turn(&pool, &key, batches));
+        .map(|batches| commit_in_turn(&pool, &key, batches, synchronous_commit));
     futures::future::try_join_all(commits).await?;
     let took = started.elapsed();
     let (rows,): (i64,) = sqlx::query_as("SELECT count(*) FROM request_log")
@@ -91,7 +92,12 @@ pub(crate) async fn transactions_alone(
 }
 
 /// One connection's part of ceiling (c): its batches, one after another.
-async fn commit_in_turn(pool: &PgPool, key: &ConsumerKey, batches: Vec<Decoded>) -> Result<()> {
+async fn commit_in_turn(
+    pool: &PgPool,
+    key: &ConsumerKey,
+    batches: Vec<Decoded>,
+    synchronous_commit: SynchronousCommit,
+) -> Result<()> {
     // A partition not in here yet has no stored offset (`None`).
     let mut stored: BTreeMap<i32, Option<i64>> = BTreeMap::new();
     let mut partitions = Partitions::default();
@@ -100,7 +106,7 @@ async fn commit_in_turn(pool: &PgPool, key: &ConsumerKey, batches: Vec<Decoded>)
         partitions
             .ensure(pool, decoded.firsts.iter().map(|c| &c.event))
             .await?;
-        match commit_batch(pool, key, &stored, decoded).await? {
+        match commit_batch(pool, key, &stored, decoded, synchronous_commit).await? {
             Outcome::Committed(counts) => ensure!(
                 counts.dead_lettered == 0 && counts.duplicates == 0,
                 "ceiling (c) counted {counts:?}"

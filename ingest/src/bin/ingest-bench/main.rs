@@ -90,6 +90,10 @@ struct Args {
     max_batch: usize,
     #[arg(skip)]
     linger_ms: u64,
+    /// INGEST_SYNCHRONOUS_COMMIT as ingest runs with it (from this
+    /// environment, which the ingest processes inherit).
+    #[arg(skip = ingest::store::SynchronousCommit::On)]
+    synchronous_commit: ingest::store::SynchronousCommit,
     /// Keep the bench database afterwards.
     #[arg(long)]
     keep: bool,
@@ -139,6 +143,7 @@ async fn main() -> Result<()> {
     // Ingest's own checks, so a bad flag fails here, naming the setting.
     ingest.validate()?;
     (args.max_batch, args.linger_ms) = (ingest.max_batch, ingest.linger_ms);
+    args.synchronous_commit = ingest.synchronous_commit;
     let mut rng = StdRng::from_os_rng();
     let suffix = format!("{:08x}", rng.random::<u32>());
     let base: PgConnectOptions = args.database_url.parse().context("DATABASE_URL")?;
@@ -199,8 +204,15 @@ async fn run(args: &Args, urls: [&str; 2], suffix: &str, rng: &mut StdRng) -> Re
     let copy = copy_raw(&pool, &events, &hashes, args.processes).await?;
     drop(hashes);
     println!("ceiling (c): ingest's transactions alone, into a second database");
-    let transactions =
-        transactions_alone(tx_url, &topic, &events, args.max_batch, args.processes).await?;
+    let transactions = transactions_alone(
+        tx_url,
+        &topic,
+        &events,
+        args.max_batch,
+        args.processes,
+        args.synchronous_commit,
+    )
+    .await?;
     drop(events);
 
     println!("ingest: until its offsets cover all {n} events");

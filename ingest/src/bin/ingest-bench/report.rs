@@ -77,13 +77,14 @@ pub(crate) fn report(args: &Args, r: &Measured) -> Result<()> {
     let cpu_split = cpu_split(r, steady_s, n as i64 - at_first);
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
     let (max_batch, linger_ms) = (args.max_batch, args.linger_ms);
+    let sync = args.synchronous_commit;
     let load = r.load.split_whitespace().next().unwrap_or("?");
     let order = args.order;
     println!(
         r#"
 == ingest benchmark: {n} events, {PARTITIONS} partitions, {cores} cores (nproc), load {load} at start
    request ids in {order:?} order (--order)
-   ingest: {procs} process(es) in one group (--processes), INGEST_MAX_BATCH={max_batch}, INGEST_LINGER_MS={linger_ms}
+   ingest: {procs} process(es) in one group (--processes), INGEST_MAX_BATCH={max_batch}, INGEST_LINGER_MS={linger_ms}, INGEST_SYNCHRONOUS_COMMIT={sync:?}
    produce (idempotent, acks=all, lz4, linger 5 ms): {produce_r:.0} events/s (informational)
 
                                             seconds    events/s   ingest/ceiling
