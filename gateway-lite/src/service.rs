@@ -13,7 +13,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use engine::upstream::{self, Upstreams};
 use engine::{ModelProfile, Simulator};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 use usage_contract::RequestId;
@@ -61,7 +61,9 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
             get(move || {
                 telemetry::upstreams(&engine);
                 relay::report_age(&outbox);
-                std::future::ready(handle.render())
+                let mut text = handle.render();
+                text.push_str(&telemetry::upstream_gpu_seconds(&engine));
+                std::future::ready(text)
             }),
         );
     }
@@ -113,9 +115,8 @@ pub async fn run(
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|e| GatewayError::Config(format!("GATEWAY_ADDR {}: {e}", config.addr)))?;
-    let prometheus = PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| GatewayError::Config(format!("metrics recorder: {e}")))?;
+    let prometheus =
+        telemetry::install().map_err(|e| GatewayError::Config(format!("metrics recorder: {e}")))?;
     telemetry::describe();
 
     let pool = schema::connect(&config.database_url, 4, Duration::from_secs(60)).await?;

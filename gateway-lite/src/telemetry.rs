@@ -1,16 +1,57 @@
 //! The gateway's Prometheus metrics (labels: tenant, model, status; never ids).
+//!
+//! Latencies are histograms with explicit buckets ([`install`]), never
+//! summaries: a summary whose window has emptied exports quantiles of 0. The
+//! HTTP upstreams' GPU-second counters are exact decimals, rendered by hand
+//! at each scrape ([`upstream_gpu_seconds`]) because the recorder's counters
+//! count integers.
 
+use std::fmt::Write as _;
+
+use engine::attribution::to_gpu_seconds;
 use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use usage_contract::UsageEvent;
+
+pub const E2E_SECONDS: &str = "gateway_e2e_seconds";
+pub const TTFT_SECONDS: &str = "gateway_ttft_seconds";
+pub const UPSTREAM_BUSY: &str = "gateway_upstream_busy_gpu_seconds_total";
+pub const UPSTREAM_ATTRIBUTED: &str = "gateway_upstream_attributed_gpu_seconds_total";
+
+/// Bucket bounds of `gateway_e2e_seconds`: from a cached short answer to
+/// the longest request `GATEWAY_REQUEST_TIMEOUT_SECS` allows by default.
+const E2E_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+/// Bucket bounds of `gateway_ttft_seconds`: the reference SLOs sit at
+/// 0.2–0.8 s, so the buckets are finest there.
+const TTFT_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 1.5, 3.0, 10.0, 30.0,
+];
+
+/// The recorder's builder: every histogram is a real histogram with
+/// explicit buckets (one not named here gets the end-to-end buckets), so
+/// none is ever rendered as a summary.
+pub fn prometheus() -> Result<PrometheusBuilder, BuildError> {
+    PrometheusBuilder::new()
+        .set_buckets(&E2E_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(E2E_SECONDS.into()), &E2E_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(TTFT_SECONDS.into()), &TTFT_BUCKETS)
+}
+
+/// Installs [`prometheus`]'s recorder as the process' recorder.
+pub fn install() -> Result<PrometheusHandle, BuildError> {
+    prometheus()?.install_recorder()
+}
 
 pub fn describe() {
     metrics::describe_counter!(
         "gateway_requests_total",
         "Admitted requests, by tenant and model"
     );
-    metrics::describe_histogram!("gateway_e2e_seconds", "End-to-end request time, by tenant");
+    metrics::describe_histogram!(E2E_SECONDS, "End-to-end request time, by tenant");
     metrics::describe_histogram!(
-        "gateway_ttft_seconds",
+        TTFT_SECONDS,
         "Time to first token reported by the engine, by tenant"
     );
     metrics::describe_gauge!(
@@ -38,14 +79,6 @@ pub fn describe() {
         "gateway_relay_errors_total",
         "Publish attempts that failed and will be retried"
     );
-    metrics::describe_counter!(
-        "gateway_upstream_busy_gpu_microseconds_total",
-        "HTTP upstream replicas: busy wall time × GPUs, in micro-GPU-seconds (the ledger's whole)"
-    );
-    metrics::describe_counter!(
-        "gateway_upstream_attributed_gpu_microseconds_total",
-        "HTTP upstream replicas: micro-GPU-seconds handed to finished requests (equals busy when idle)"
-    );
     metrics::describe_gauge!(
         "gateway_upstream_kv_usage_ratio",
         "HTTP upstream replicas: KV-cache usage last read from their /metrics (0-1)"
@@ -56,15 +89,12 @@ pub fn describe() {
     );
 }
 
-/// The HTTP upstreams' ledgers, read at scrape time.
+/// The HTTP upstreams' ledgers, read at scrape time (their GPU-seconds:
+/// [`upstream_gpu_seconds`]).
 pub fn upstreams(upstreams: &engine::upstream::Upstreams) {
     for u in upstreams.remote() {
         let replica = u.config.replica().to_owned();
         let model = u.config.model.clone();
-        counter!("gateway_upstream_busy_gpu_microseconds_total", "model" => model.clone(), "replica" => replica.clone())
-            .absolute(u.ledger.busy_gpu_micros());
-        counter!("gateway_upstream_attributed_gpu_microseconds_total", "model" => model.clone(), "replica" => replica.clone())
-            .absolute(u.ledger.attributed_gpu_micros());
         gauge!("gateway_upstream_in_flight", "model" => model.clone(), "replica" => replica.clone())
             .set(u.ledger.in_flight() as f64);
         if let Some(bp) = u.occupancy.basis_points() {
@@ -74,14 +104,57 @@ pub fn upstreams(upstreams: &engine::upstream::Upstreams) {
     }
 }
 
+/// The HTTP upstreams' ledgers in GPU-seconds, exact to the microsecond,
+/// as Prometheus text to append to the recorder's: busy wall time × GPUs
+/// (the ledger's whole) and what was handed to finished requests (equal to
+/// busy whenever nothing is in flight). Empty without HTTP upstreams.
+pub fn upstream_gpu_seconds(upstreams: &engine::upstream::Upstreams) -> String {
+    let mut out = String::new();
+    let remote = upstreams.remote();
+    if remote.is_empty() {
+        return out;
+    }
+    for (name, help, pick) in [
+        (
+            UPSTREAM_BUSY,
+            "HTTP upstream replicas: busy wall time times GPUs, in GPU-seconds (the ledger's whole)",
+            (|l: &engine::upstream::ledger::Ledger| l.busy_gpu_micros())
+                as fn(&engine::upstream::ledger::Ledger) -> u64,
+        ),
+        (
+            UPSTREAM_ATTRIBUTED,
+            "HTTP upstream replicas: GPU-seconds handed to finished requests (equals busy when idle)",
+            |l| l.attributed_gpu_micros(),
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for u in remote {
+            let _ = writeln!(
+                out,
+                "{name}{{model=\"{}\",replica=\"{}\"}} {}",
+                label_value(&u.config.model),
+                label_value(u.config.replica()),
+                to_gpu_seconds(pick(&u.ledger))
+            );
+        }
+    }
+    out
+}
+
+/// A label value escaped for the text format.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 pub fn record_request(tenant: &str, model: &str, e: &UsageEvent) {
     counter!("gateway_requests_total", "tenant" => tenant.to_owned(), "model" => model.to_owned())
         .increment(1);
     let e2e = (e.finished_at - e.started_at).num_milliseconds().max(0) as f64 / 1000.0;
-    histogram!("gateway_e2e_seconds", "tenant" => tenant.to_owned()).record(e2e);
+    histogram!(E2E_SECONDS, "tenant" => tenant.to_owned()).record(e2e);
     if let Some(ttft) = e.ttft_ms {
-        histogram!("gateway_ttft_seconds", "tenant" => tenant.to_owned())
-            .record(ttft as f64 / 1000.0);
+        histogram!(TTFT_SECONDS, "tenant" => tenant.to_owned()).record(ttft as f64 / 1000.0);
     }
 }
 
@@ -97,4 +170,53 @@ pub fn tokens_remaining(tenant: &str, model: &str, remaining: u64) {
 
 pub fn active_requests(tenant: &str, n: u32) {
     gauge!("gateway_active_requests", "tenant" => tenant.to_owned()).set(f64::from(n));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{TimeDelta, TimeZone, Utc};
+    use rust_decimal::Decimal;
+    use usage_contract::{FinishReason, RequestId};
+
+    #[test]
+    fn latencies_render_as_histograms_with_their_buckets() {
+        let started = Utc.with_ymd_and_hms(2026, 11, 29, 10, 0, 0).unwrap();
+        let event = UsageEvent {
+            schema_version: 1,
+            request_id: RequestId::at(started),
+            tenant_id: "t".into(),
+            api_key_id: "k".into(),
+            model: "m".into(),
+            model_version: "v".into(),
+            priority: 3,
+            started_at: started,
+            first_token_at: None,
+            finished_at: started + TimeDelta::milliseconds(700),
+            prompt_tokens: 10,
+            cached_tokens: 0,
+            completion_tokens: 5,
+            gpu_seconds: Decimal::new(1, 6),
+            preempted_gpu_seconds: Decimal::ZERO,
+            finish_reason: FinishReason::Stop,
+            ttft_ms: Some(150),
+            tpot_ms: None,
+            replica_id: "r".into(),
+            gateway_id: "g".into(),
+            stream: false,
+        };
+        let recorder = prometheus().unwrap().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || record_request("t", "m", &event));
+        let text = handle.render();
+        assert!(!text.contains("summary"), "{text}");
+        for line in [
+            "gateway_e2e_seconds_bucket{tenant=\"t\",le=\"0.5\"} 0",
+            "gateway_e2e_seconds_bucket{tenant=\"t\",le=\"1\"} 1",
+            "gateway_ttft_seconds_bucket{tenant=\"t\",le=\"0.1\"} 0",
+            "gateway_ttft_seconds_bucket{tenant=\"t\",le=\"0.2\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+        }
+    }
 }

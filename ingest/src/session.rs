@@ -8,7 +8,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use metrics_exporter_prometheus::PrometheusBuilder;
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 
@@ -16,12 +15,12 @@ use crate::batcher::Stopped;
 use crate::consumer::{ConsumerSettings, ConsumerThread, Feed, HighWatermarks};
 use crate::error::IngestError;
 
-/// Installs the Prometheus recorder and serves it at `addr` (`setting`
-/// names the address in errors). Describe metrics after this.
+/// Installs the Prometheus recorder ([`crate::telemetry::install`]: real
+/// histograms) and serves it at `addr` (`setting` names the address in
+/// errors). Describe metrics after this.
 pub async fn serve_metrics(addr: SocketAddr, setting: &str) -> Result<(), IngestError> {
-    let prometheus = PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| IngestError::Metrics(e.to_string()))?;
+    let prometheus =
+        crate::telemetry::install().map_err(|e| IngestError::Metrics(e.to_string()))?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| IngestError::Config(format!("{setting} {addr}: {e}")))?;

@@ -196,18 +196,18 @@ async fn http_upstream_usage_and_gpu_time_add_up() {
     let metrics = tests::gateway::metrics(&url).await;
     let busy = sample(
         &metrics,
-        "gateway_upstream_busy_gpu_microseconds_total",
+        "gateway_upstream_busy_gpu_seconds_total",
         "http-8b",
     )
     .unwrap();
     let attributed = sample(
         &metrics,
-        "gateway_upstream_attributed_gpu_microseconds_total",
+        "gateway_upstream_attributed_gpu_seconds_total",
         "http-8b",
     )
     .unwrap();
     let billed: Decimal = derived.values().map(|e| e.2).sum();
-    assert_eq!(billed * Decimal::from(1_000_000), busy, "{metrics}");
+    assert_eq!(billed, busy, "{metrics}");
     assert_eq!(attributed, busy);
     // The upstream's KV usage is read from its /metrics (for admission by class).
     let kv = sample(&metrics, "gateway_upstream_kv_usage_ratio", "http-8b").unwrap();

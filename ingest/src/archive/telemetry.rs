@@ -14,6 +14,13 @@ pub const BATCH_SECONDS: &str = "archive_batch_seconds";
 pub const ERRORS: &str = "archive_errors_total";
 pub const LAG: &str = "archive_lag";
 
+/// Bucket bounds of `archive_batch_seconds` (encode, write and commit): a
+/// batch of 100,000 events takes about a second. The recorder, shared with
+/// ingest, is set up by [`crate::telemetry::install`].
+pub const BATCH_SECONDS_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
 /// Describes the metrics so `/metrics` carries HELP lines.
 pub fn describe() {
     metrics::describe_counter!(FILES, "Parquet files committed to the archive");
