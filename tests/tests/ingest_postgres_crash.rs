@@ -150,6 +150,7 @@ async fn drill(synchronous_commit: &str) -> Vec<i64> {
         }
         // Committed and visible: now the power goes.
         pg.kill_all();
+        let crashed = std::time::Instant::now();
         pg.restart().await;
         let after = totals(&url).await.expect("totals after restart");
         lost.push(sent - after.0);

@@ -182,6 +182,32 @@ pub(crate) fn metric(text: &str, name: &str) -> f64 {
     text.lines().find_map(value).unwrap_or(f64::NAN)
 }
 
+/// The upper bound of the histogram bucket that holds quantile `q` of
+/// `name` (`name_bucket{le="…"}` lines, cumulative); NaN without samples.
+pub(crate) fn bucket_quantile(text: &str, name: &str, q: f64) -> f64 {
+    let prefix = format!("{name}_bucket{{le=\"");
+    let buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let (le, count) = l.strip_prefix(&prefix)?.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    if total == 0.0 {
+        return f64::NAN;
+    }
+    buckets
+        .iter()
+        .find(|(_, cumulative)| *cumulative >= q * total)
+        .map_or(f64::NAN, |(le, _)| *le)
+}
+
 pub(crate) struct Bulk {
     pub(crate) total: Duration,
     pub(crate) first: Duration,
