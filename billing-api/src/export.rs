@@ -18,6 +18,9 @@
 //!   cents;
 //! - credit rows (off-peak discounts) and adjustments are money only: no
 //!   quantity, unit, unit price or SKU, and every cost is their amount;
+//! - prices are in the billing currency: the PricingCurrency* columns (which
+//!   the validator asks for once a price list is published) repeat the
+//!   billing figures;
 //! - an adjustment (usage that arrived after its month was invoiced) is a
 //!   Correction whose charge period is the month it corrects;
 //! - shadow tenants' BilledCost is 0: they are shown what they would pay,
@@ -170,8 +173,11 @@ const SERVICE: (&str, &str, &str) = ("LLM Inference", "AI and Machine Learning",
 /// The FOCUS 1.2 columns Meterline fills, in order. `CommitmentDiscountStatus`
 /// is always null (Meterline has no commitment discounts) and is present
 /// because ConsumedQuantity's nullability is defined in terms of it;
-/// `SkuPriceDetails` is always null (allowed when SkuPriceId is set).
-const COLUMNS: [Column; 34] = [
+/// `SkuPriceDetails` is always null (allowed when SkuPriceId is set). Prices
+/// are in the billing currency, so the PricingCurrency* columns repeat the
+/// billing figures; the contracted unit price is the list price (there is no
+/// negotiated pricing).
+const COLUMNS: [Column; 38] = [
     column("BillingAccountId", false, Get::Text(|r| Some(r.account_id))),
     column(
         "BillingAccountName",
@@ -225,6 +231,22 @@ const COLUMNS: [Column; 34] = [
         Get::Text(|r| r.pricing.as_ref().map(|p| p.consumed_unit)),
     ),
     column("CommitmentDiscountStatus", true, Get::Text(|_| None)),
+    column("PricingCurrency", false, Get::Text(|r| Some(r.currency))),
+    column(
+        "PricingCurrencyContractedUnitPrice",
+        true,
+        Get::Number(|r| r.pricing.as_ref().map(|p| p.list_unit_price)),
+    ),
+    column(
+        "PricingCurrencyEffectiveCost",
+        false,
+        Get::Number(|r| Some(r.effective)),
+    ),
+    column(
+        "PricingCurrencyListUnitPrice",
+        true,
+        Get::Number(|r| r.pricing.as_ref().map(|p| p.list_unit_price)),
+    ),
     column("InvoiceId", false, Get::Text(|r| Some(&r.invoice_id))),
     column("InvoiceIssuerName", false, Get::Text(|_| Some(PROVIDER))),
     column("ProviderName", false, Get::Text(|_| Some(PROVIDER))),
@@ -808,6 +830,8 @@ mod tests {
                 "PricingUnit",
                 "ConsumedQuantity",
                 "ConsumedUnit",
+                "PricingCurrencyListUnitPrice",
+                "PricingCurrencyContractedUnitPrice",
                 "SkuId",
                 "SkuPriceId",
                 "SkuMeter",
@@ -930,6 +954,10 @@ mod tests {
             );
             assert!(price >= Decimal::ZERO);
             assert_eq!(number(row, "ListCost"), Some(price * quantity), "{row:?}");
+            // One currency: the pricing-currency figures are the billing ones.
+            assert_eq!(row["PricingCurrency"], row["BillingCurrency"]);
+            assert_eq!(number(row, "PricingCurrencyListUnitPrice"), Some(price));
+            assert_eq!(row["PricingCurrencyEffectiveCost"], row["EffectiveCost"]);
             assert!(
                 row["SkuPriceId"].starts_with(&format!("{}@", row["SkuId"])),
                 "{row:?}"

@@ -32,16 +32,12 @@ const VALIDATOR_VERSION: &str = "2.2.1";
 const FOCUS_VERSION: &str = "1.2";
 
 /// What Meterline supports, in the validator's words: the rules that apply
-/// only to providers that support these are checked too.
-///
-/// Not PUBLIC_PRICE_LIST_SUPPORTED: the price book is Meterline's rate card,
-/// and validator 2.2.1 applies a rule when any one of its criteria is given
-/// (the specification: all of them), so that criterion alone would demand
-/// the PricingCurrency* columns FOCUS asks of providers that price in a
-/// virtual or a second currency. The ListUnitPrice and Sku rules that do
-/// not depend on it are checked all the same.
-const APPLICABILITY: &str = "ACCOUNT_NAMING_SUPPORTED,SUB_ACCOUNT_SUPPORTED,\
-UNIT_PRICING_SUPPORTED,USAGE_MEASUREMENT_SUPPORTED";
+/// only to providers that support these are checked too. (Validator 2.2.1
+/// applies a rule when any one of its criteria is given, where the
+/// specification means all of them: with a published price list it also
+/// asks for the PricingCurrency* columns, which the export carries.)
+const APPLICABILITY: &str = "ACCOUNT_NAMING_SUPPORTED,PUBLIC_PRICE_LIST_SUPPORTED,\
+SUB_ACCOUNT_SUPPORTED,UNIT_PRICING_SUPPORTED,USAGE_MEASUREMENT_SUPPORTED";
 
 struct Billing {
     _svc: Service,
