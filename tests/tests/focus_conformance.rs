@@ -376,10 +376,11 @@ impl Validator {
         let failed: Vec<&str> = stdout
             .lines()
             .filter(|l| {
-                l.split_whitespace().nth(1).is_some_and(|rule| {
-                    let rule = rule.trim_end_matches(':');
-                    status.get(rule) == Some(&"FAIL") && !or_passed(rule)
-                })
+                let mut words = l.split_whitespace().skip(1);
+                match (words.next().and_then(|w| w.strip_suffix(':')), words.next()) {
+                    (Some(rule), Some("FAIL")) => !or_passed(rule),
+                    _ => false,
+                }
             })
             .collect();
         if passed > 0 && failed.is_empty() {
