@@ -62,6 +62,11 @@ impl HttpUpstream {
             .connect_timeout(Duration::from_secs(5))
             .read_timeout(Duration::from_secs(config.idle_timeout_secs))
             .pool_max_idle_per_host(64)
+            // Drop an idle connection before the server does (uvicorn, in
+            // front of vLLM, closes after 5 s idle; Meterline's own servers
+            // after HTTP_HEADER_READ_TIMEOUT_SECS), so a request never
+            // races a server-side close on a reused connection.
+            .pool_idle_timeout(Duration::from_secs(4))
             .build()
             .map_err(|e| bad(format!("HTTP client: {e}")))?;
         let base = config.url.trim_end_matches('/');
