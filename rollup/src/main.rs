@@ -40,7 +40,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Close hours and apply retention on a schedule, until Ctrl-C.
+    /// Close hours and apply retention on a schedule, until SIGTERM or Ctrl-C.
     Run {
         #[arg(long, default_value_t = 30)]
         tick_seconds: u64,

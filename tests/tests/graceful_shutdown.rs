@@ -1,0 +1,96 @@
+//! Every long-running binary stops cleanly on SIGTERM — what systemd,
+//! Kubernetes and `kill` send — not only on Ctrl-C: it exits 0, and the
+//! HTTP services finish a response already in flight first.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tests::process::{free_port, wait_healthy};
+use tests::stack::fresh_database;
+use tests::Service;
+
+async fn assert_stops_on_sigterm(mut svc: Service) {
+    let status = svc
+        .terminate(Duration::from_secs(15))
+        .await
+        .expect("process status");
+    assert!(
+        status.success(),
+        "{} did not exit cleanly on SIGTERM ({status}):\n{}",
+        svc.name,
+        svc.log_tail()
+    );
+}
+
+#[tokio::test]
+async fn engine_finishes_a_stream_in_flight_then_exits_0_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let env = HashMap::from([
+        ("ENGINE_ADDR".to_owned(), format!("127.0.0.1:{port}")),
+        ("ENGINE_SPEEDUP".to_owned(), "1".to_owned()),
+    ]);
+    let mut svc = Service::start("engine", "engine", &[], env, dir.path());
+    let url = format!("http://127.0.0.1:{port}");
+    wait_healthy(&format!("{url}/health"), &mut svc, Duration::from_secs(30)).await;
+    // A real-time stream of ~60 tokens: still running when SIGTERM comes.
+    let mut res = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&serde_json::json!({
+            "model": "llama-3.1-8b",
+            "messages": [{"role": "user", "content": "tell me a long story"}],
+            "max_tokens": 60,
+            "stream": true,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success());
+    let first = res.chunk().await.unwrap().expect("a first chunk");
+    assert!(!first.is_empty());
+    let pid = svc.pid().unwrap();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let mut rest = String::new();
+    while let Some(chunk) = res.chunk().await.unwrap() {
+        rest.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(rest.contains("[DONE]"), "the stream was cut: {rest}");
+    assert_stops_on_sigterm(svc).await;
+}
+
+#[tokio::test]
+async fn billing_api_exits_0_on_sigterm() {
+    let (url, _pool) = fresh_database("sigterm_billing").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let env = HashMap::from([
+        ("DATABASE_URL".to_owned(), url),
+        ("BILLING_ADDR".to_owned(), format!("127.0.0.1:{port}")),
+    ]);
+    let mut svc = Service::start("billing", "billing-api", &[], env, dir.path());
+    wait_healthy(
+        &format!("http://127.0.0.1:{port}/healthz"),
+        &mut svc,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_stops_on_sigterm(svc).await;
+}
+
+#[tokio::test]
+async fn rollup_exits_0_on_sigterm() {
+    let (url, _pool) = fresh_database("sigterm_rollup").await;
+    let dir = tempfile::tempdir().unwrap();
+    let env = HashMap::from([
+        ("DATABASE_URL".to_owned(), url),
+        ("ROLLUP_REQUIRE_ARCHIVE".to_owned(), "false".to_owned()),
+    ]);
+    let svc = Service::start("rollup", "rollup", &["run"], env, dir.path());
+    // Let it connect and run its first tick.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_stops_on_sigterm(svc).await;
+}
