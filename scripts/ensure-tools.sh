@@ -43,11 +43,13 @@ fi
 # those with --block-download, so it never fetches rule sets. It needs
 # Python >= 3.12 (pyenv's where the system python3 is older), in a
 # virtualenv of its own. The engines it validates with are pinned to the
-# versions checked here: pyarrow 21 is the newest that takes the numpy < 2
-# the validator requires.
+# versions checked here (the newest pyarrow wants numpy 2, which the
+# validator refuses). The venv is rebuilt when a pin changes.
 FOCUS_VALIDATOR_VERSION=2.2.1
+FOCUS_VALIDATOR_PINS="focus-validator==$FOCUS_VALIDATOR_VERSION numpy==1.26.4 pyarrow==21.0.0 \
+pandas==2.3.3 polars==1.44.2 duckdb==1.5.6 sqlglot==27.29.0 pandera==0.26.1"
 FOCUS_VALIDATOR_VENV="${METERLINE_CACHE:-$HOME/.cache/meterline}/focus-validator-$FOCUS_VALIDATOR_VERSION"
-if [ ! -e "$FOCUS_VALIDATOR_VENV/.installed" ]; then
+if [ "$(cat "$FOCUS_VALIDATOR_VENV/.installed" 2>/dev/null)" != "$FOCUS_VALIDATOR_PINS" ]; then
   focus_python=""
   for py in python3 python3.13 python3.12 "$(pyenv root 2>/dev/null)"/versions/3.1[2-9]*/bin/python3; do
     if "$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then
@@ -61,8 +63,7 @@ if [ ! -e "$FOCUS_VALIDATOR_VENV/.installed" ]; then
   fi
   rm -rf "$FOCUS_VALIDATOR_VENV"
   "$focus_python" -m venv "$FOCUS_VALIDATOR_VENV"
-  "$FOCUS_VALIDATOR_VENV/bin/pip" install --quiet --disable-pip-version-check \
-    "focus-validator==$FOCUS_VALIDATOR_VERSION" numpy==1.26.4 pyarrow==21.0.0 \
-    pandas==2.3.3 polars==1.44.2 duckdb==1.5.6 sqlglot==27.29.0 pandera==0.26.1
-  touch "$FOCUS_VALIDATOR_VENV/.installed"
+  # shellcheck disable=SC2086 # one word per requirement
+  "$FOCUS_VALIDATOR_VENV/bin/pip" install --quiet --disable-pip-version-check $FOCUS_VALIDATOR_PINS
+  printf '%s' "$FOCUS_VALIDATOR_PINS" >"$FOCUS_VALIDATOR_VENV/.installed"
 fi
