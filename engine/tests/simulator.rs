@@ -105,7 +105,12 @@ async fn serve() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let sim = Arc::new(sim());
-    tokio::spawn(engine::server::run(listener, sim, std::future::pending()));
+    tokio::spawn(engine::server::run(
+        listener,
+        sim,
+        serving::HttpSettings::default(),
+        std::future::pending(),
+    ));
     format!("http://{addr}")
 }
 
