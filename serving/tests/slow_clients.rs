@@ -2,6 +2,8 @@
 //! connection (or get 408) within the configured bound, while a slow
 //! *response* — a long stream — is never cut.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
 use std::time::Duration;
 
 use axum::body::Body;
