@@ -6,6 +6,8 @@
 //! `KAFKA_BROKERS` (`scripts/test.sh` brings both up and sets them), and
 //! the binaries next to the test executable (`cargo build --bins` first).
 
+pub mod billing;
+pub mod events;
 pub mod private_pg;
 pub mod process;
 pub mod stack;

@@ -4,14 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
-use std::time::Duration;
-
 use chrono::{DateTime, TimeZone, Utc};
 use reqwest::{Client, Method, StatusCode};
 use rust_decimal::Decimal;
 use serde_json::Value;
 use sqlx::PgPool;
-use tests::process::{free_port, wait_healthy};
 use tests::stack::fresh_database;
 use tests::Service;
 
@@ -85,25 +82,11 @@ async fn start() -> Billing {
     .execute(&pool)
     .await
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let env = [
-        ("DATABASE_URL".to_owned(), url),
-        ("BILLING_ADDR".to_owned(), format!("127.0.0.1:{port}")),
-        (
-            "BILLING_BOOTSTRAP_FINANCE_TOKEN".to_owned(),
-            FINANCE.to_owned(),
-        ),
-        (
-            "BILLING_PRICE_BOOK_FILE".to_owned(),
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../config/price-book.yaml").to_owned(),
-        ),
-    ]
-    .into_iter()
-    .collect();
-    let mut svc = Service::start("billing", "billing-api", &[], env, dir.path());
-    let url = format!("http://127.0.0.1:{port}");
-    wait_healthy(&format!("{url}/healthz"), &mut svc, Duration::from_secs(60)).await;
+    let tests::billing::BillingApi {
+        service: svc,
+        url,
+        dir,
+    } = tests::billing::start_billing_api(&url, FINANCE).await;
     Billing {
         _svc: svc,
         url,

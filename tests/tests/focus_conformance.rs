@@ -14,14 +14,12 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use arrow_array::{Array, RecordBatch};
 use chrono::{DateTime, TimeZone, Utc};
 use reqwest::{Client, Method, StatusCode};
 use rust_decimal::Decimal;
 use sqlx::PgPool;
-use tests::process::{free_port, wait_healthy};
 use tests::stack::fresh_database;
 use tests::Service;
 
@@ -116,25 +114,11 @@ async fn start() -> Billing {
         .await
         .unwrap();
     }
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let env = [
-        ("DATABASE_URL".to_owned(), url),
-        ("BILLING_ADDR".to_owned(), format!("127.0.0.1:{port}")),
-        (
-            "BILLING_BOOTSTRAP_FINANCE_TOKEN".to_owned(),
-            FINANCE.to_owned(),
-        ),
-        (
-            "BILLING_PRICE_BOOK_FILE".to_owned(),
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../config/price-book.yaml").to_owned(),
-        ),
-    ]
-    .into_iter()
-    .collect();
-    let mut svc = Service::start("billing", "billing-api", &[], env, dir.path());
-    let url = format!("http://127.0.0.1:{port}");
-    wait_healthy(&format!("{url}/healthz"), &mut svc, Duration::from_secs(60)).await;
+    let tests::billing::BillingApi {
+        service: svc,
+        url,
+        dir,
+    } = tests::billing::start_billing_api(&url, FINANCE).await;
     Billing {
         _svc: svc,
         url,

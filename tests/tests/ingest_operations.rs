@@ -8,41 +8,13 @@
 
 use std::time::Duration;
 
-use chrono::{DurationRound, TimeDelta, Utc};
+use chrono::Utc;
 use rdkafka::producer::FutureRecord;
 use rust_decimal::Decimal;
+use tests::events::usage_event as event;
 use tests::process::{bin_dir, free_port};
 use tests::{Service, TestStack};
-use usage_contract::{FinishReason, RequestId, UsageEvent};
-
-fn event(tenant: &str, n: i64) -> UsageEvent {
-    let started_at = (Utc::now() - TimeDelta::minutes(5))
-        .duration_trunc(TimeDelta::milliseconds(1))
-        .unwrap();
-    UsageEvent {
-        schema_version: 1,
-        request_id: RequestId::at(started_at),
-        tenant_id: tenant.into(),
-        api_key_id: "k".into(),
-        model: "llama-3.1-8b".into(),
-        model_version: "v".into(),
-        priority: 3,
-        started_at,
-        first_token_at: None,
-        finished_at: started_at,
-        prompt_tokens: 50 + n,
-        cached_tokens: 0,
-        completion_tokens: n,
-        gpu_seconds: Decimal::new(1_000 + n, 6),
-        preempted_gpu_seconds: Decimal::ZERO,
-        finish_reason: FinishReason::Stop,
-        ttft_ms: None,
-        tpot_ms: None,
-        replica_id: "r".into(),
-        gateway_id: "g".into(),
-        stream: false,
-    }
-}
+use usage_contract::UsageEvent;
 
 async fn add_tenant(pool: &sqlx::PgPool, tenant: &str) {
     sqlx::query(

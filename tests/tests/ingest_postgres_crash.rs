@@ -12,45 +12,15 @@
 
 use std::time::Duration;
 
-use chrono::{DurationRound, TimeDelta, Utc};
-use rust_decimal::Decimal;
+use tests::events::usage_event;
 use tests::private_pg::PrivatePostgres;
 use tests::process::free_port;
 use tests::{Service, TestStack};
-use usage_contract::{FinishReason, RequestId, UsageEvent};
+use usage_contract::UsageEvent;
 
 /// Events per round: a few small batches, far below the WAL writer's
 /// flush threshold.
 const EVENTS: i64 = 300;
-
-fn event(n: i64) -> UsageEvent {
-    let started_at = (Utc::now() - TimeDelta::minutes(5))
-        .duration_trunc(TimeDelta::milliseconds(1))
-        .unwrap();
-    UsageEvent {
-        schema_version: 1,
-        request_id: RequestId::at(started_at),
-        tenant_id: "acme-corp".into(),
-        api_key_id: "k".into(),
-        model: "llama-3.1-8b".into(),
-        model_version: "v".into(),
-        priority: 3,
-        started_at,
-        first_token_at: None,
-        finished_at: started_at,
-        prompt_tokens: 50 + n,
-        cached_tokens: 0,
-        completion_tokens: n,
-        gpu_seconds: Decimal::new(1_000 + n, 6),
-        preempted_gpu_seconds: Decimal::ZERO,
-        finish_reason: FinishReason::Stop,
-        ttft_ms: None,
-        tpot_ms: None,
-        replica_id: "r".into(),
-        gateway_id: "g".into(),
-        stream: false,
-    }
-}
 
 /// What request_log and usage_hourly hold: (rows, hourly requests, hourly
 /// completion tokens).
@@ -131,7 +101,9 @@ async fn drill(synchronous_commit: &str) -> Vec<i64> {
     let (mut sent, mut completion) = (0i64, 0i64);
     let mut lost = Vec::new();
     for round in 0..3 {
-        let events: Vec<UsageEvent> = (0..EVENTS).map(|i| event(round * EVENTS + i)).collect();
+        let events: Vec<UsageEvent> = (0..EVENTS)
+            .map(|i| usage_event("acme-corp", round * EVENTS + i))
+            .collect();
         completion += events.iter().map(|e| e.completion_tokens).sum::<i64>();
         sent += EVENTS;
         let messages: Vec<(String, Vec<u8>)> = events

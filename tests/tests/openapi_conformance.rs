@@ -21,9 +21,7 @@ use std::time::Duration;
 use chrono::{TimeZone, Utc};
 use serde_json::Value;
 use sqlx::PgPool;
-use tests::process::{free_port, wait_healthy};
 use tests::stack::fresh_database;
-use tests::Service;
 
 const FINANCE: &str = "finance-token-openapi-conformance";
 const LEAD: &str = "lead-token-openapi-conformance-0001";
@@ -139,25 +137,11 @@ async fn billing_api_conforms_to_its_openapi_document_for_every_role() {
     );
 
     let (db_url, pool) = fresh_database("openapi").await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let env = [
-        ("DATABASE_URL".to_owned(), db_url),
-        ("BILLING_ADDR".to_owned(), format!("127.0.0.1:{port}")),
-        (
-            "BILLING_BOOTSTRAP_FINANCE_TOKEN".to_owned(),
-            FINANCE.to_owned(),
-        ),
-        (
-            "BILLING_PRICE_BOOK_FILE".to_owned(),
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../config/price-book.yaml").to_owned(),
-        ),
-    ]
-    .into_iter()
-    .collect();
-    let mut svc = Service::start("billing", "billing-api", &[], env, dir.path());
-    let url = format!("http://127.0.0.1:{port}");
-    wait_healthy(&format!("{url}/healthz"), &mut svc, Duration::from_secs(60)).await;
+    let tests::billing::BillingApi {
+        service: svc,
+        url,
+        dir,
+    } = tests::billing::start_billing_api(&db_url, FINANCE).await;
 
     let client = reqwest::Client::new();
     let doc: Value = client
