@@ -6,7 +6,8 @@
 //! Each handler lists the answers particular to it (200, 403, 404, 409);
 //! [`CommonErrors`] adds those every operation can give: 400 (a parameter
 //! or body that is malformed, out of its format or holds a NUL), 401 and
-//! 500, plus 413 for operations with a body and 415 for a JSON body. The
+//! 500, plus 408 (from the serving layer's body-read timeout) and 413 for
+//! operations with a body and 415 for a JSON body. The
 //! conformance test runs schemathesis against the served document.
 
 use utoipa::openapi::path::Operation;
@@ -54,6 +55,10 @@ enum ErrorCode {
     UnpricedUsage,
     PayloadTooLarge,
     UnsupportedMediaType,
+    /// 408 from the serving layer: the body did not arrive in time.
+    RequestTimeout,
+    /// 400 from the serving layer: the body could not be read.
+    BodyUnreadable,
     Internal,
 }
 
@@ -95,6 +100,10 @@ impl CommonErrors {
         ];
         if let Some(body) = &op.request_body {
             common.push(("413", "the body is larger than 2 MiB"));
+            common.push((
+                "408",
+                "the body did not arrive within HTTP_BODY_READ_TIMEOUT_SECS; the connection is closed",
+            ));
             if body.content.contains_key("application/json") {
                 common.push(("415", "the body is not sent as application/json"));
             }
@@ -228,6 +237,7 @@ mod tests {
                 }
                 if op.get("requestBody").is_some() {
                     assert!(responses.contains_key("413"), "{method} {path}: 413");
+                    assert!(responses.contains_key("408"), "{method} {path}: 408");
                 }
             }
         }
