@@ -1,7 +1,6 @@
-//! Exports for finance: invoice lines as CSV, and the FOCUS (FinOps Open
-//! Cost and Usage Specification) 1.2 cost-and-usage dataset, one row per
-//! invoice line, as CSV or Parquet, both written from the same typed rows
-//! and columns. `tests/tests/focus_conformance.rs` runs the FinOps
+//! The FOCUS (FinOps Open Cost and Usage Specification) 1.2
+//! cost-and-usage dataset, one row per invoice line, as CSV or Parquet,
+//! both written from the same typed rows and columns. `tests/tests/focus_conformance.rs` runs the FinOps
 //! Foundation's validator (focus-validator 2.2.1, FOCUS 1.2 rules) on both.
 //!
 //! How Meterline maps onto FOCUS:
@@ -44,65 +43,8 @@ use crate::invoice::{Invoice, Status};
 use crate::period::{parse_zone, Month};
 use crate::rating::{Line, LineKind};
 
-fn csv_error(e: impl std::fmt::Display) -> BillingError {
-    BillingError::Config(format!("csv: {e}"))
-}
+use super::csv_text::{csv_error, finish};
 
-fn finish(w: csv::Writer<Vec<u8>>) -> Result<String, BillingError> {
-    let bytes = w.into_inner().map_err(csv_error)?;
-    String::from_utf8(bytes).map_err(csv_error)
-}
-
-/// Every line of every invoice.
-pub fn invoices_csv(invoices: &[Invoice]) -> Result<String, BillingError> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    w.write_record([
-        "tenant_id",
-        "period",
-        "status",
-        "number",
-        "currency",
-        "kind",
-        "description",
-        "model",
-        "priority",
-        "off_peak",
-        "unit",
-        "quantity",
-        "unit_price",
-        "per",
-        "amount",
-        "invoice_total",
-        "content_hash",
-    ])
-    .map_err(csv_error)?;
-    for inv in invoices {
-        let b = &inv.body;
-        for l in &b.lines {
-            w.write_record([
-                b.head.tenant_id.as_str(),
-                &b.head.period,
-                status(inv),
-                &inv.number.map(|n| n.to_string()).unwrap_or_default(),
-                &b.head.currency,
-                kind(l.kind),
-                &l.description,
-                l.model.as_deref().unwrap_or(""),
-                &l.priority.map(|p| p.to_string()).unwrap_or_default(),
-                &l.off_peak.map(|o| o.to_string()).unwrap_or_default(),
-                &l.unit,
-                &l.quantity.to_string(),
-                &l.unit_price.to_string(),
-                &l.per.to_string(),
-                &l.amount.to_string(),
-                &b.total.to_string(),
-                &inv.content_hash,
-            ])
-            .map_err(csv_error)?;
-        }
-    }
-    finish(w)
-}
 
 /// One FOCUS row: one invoice line, typed. CSV and Parquet are written from
 /// the same rows through the same [`COLUMNS`].
@@ -532,23 +474,6 @@ fn parquet_error(e: impl std::fmt::Display) -> BillingError {
     BillingError::Config(format!("parquet: {e}"))
 }
 
-fn status(inv: &Invoice) -> &'static str {
-    match inv.status {
-        Status::Draft => "draft",
-        Status::Finalized => "finalized",
-        Status::Voided => "voided",
-    }
-}
-
-fn kind(k: LineKind) -> &'static str {
-    match k {
-        LineKind::Usage => "usage",
-        LineKind::Discount => "discount",
-        LineKind::Overhead => "overhead",
-        LineKind::Adjustment => "adjustment",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::{BTreeSet, HashSet};
@@ -567,7 +492,7 @@ mod tests {
     };
 
     fn book() -> PriceBook {
-        PriceBook::from_yaml(include_str!("../../config/price-book.yaml")).unwrap()
+        PriceBook::from_yaml(include_str!("../../../config/price-book.yaml")).unwrap()
     }
 
     fn tenant(id: &str, name: &str, tz: Tz, mode: BillingMode, shadow: bool) -> Tenant {
@@ -1005,3 +930,4 @@ mod tests {
         assert_eq!(csv_decimal(dec!(0.60)), "0.60");
     }
 }
+
