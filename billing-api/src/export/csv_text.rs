@@ -10,4 +10,3 @@ pub(super) fn finish(w: csv::Writer<Vec<u8>>) -> Result<String, BillingError> {
     let bytes = w.into_inner().map_err(csv_error)?;
     String::from_utf8(bytes).map_err(csv_error)
 }
-

@@ -45,7 +45,6 @@ use crate::rating::{Line, LineKind};
 
 use super::csv_text::{csv_error, finish};
 
-
 /// One FOCUS row: one invoice line, typed. CSV and Parquet are written from
 /// the same rows through the same [`COLUMNS`].
 struct FocusRow<'a> {
@@ -930,4 +929,3 @@ mod tests {
         assert_eq!(csv_decimal(dec!(0.60)), "0.60");
     }
 }
-
