@@ -5,6 +5,7 @@
 set -Eeuo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$ROOT"
+SUITE_STARTED=$(date +%s)
 command -v cargo >/dev/null || { echo "error: cargo not found; install Rust with rustup" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 bash scripts/stack.sh up
@@ -25,6 +26,8 @@ set +e
 cargo test --workspace 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
 set -e
+# The budget to keep in view: CI has 90 minutes on a fresh machine.
+echo "suite wall time: $(( $(date +%s) - SUITE_STARTED )) s (stack, tools, fmt, clippy, build and tests)"
 # One closing line for the whole suite, summed over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "%d passed, %d failed\n", p, f }' "$LOG"
