@@ -216,33 +216,36 @@ impl Batcher {
         if self.owned.is_empty() {
             return Ok(());
         }
-        let partitions: Vec<i32> = self.owned.keys().copied().collect();
-        let stored = match offsets::load(&self.pool, Ledger::Ingest, &self.key, &partitions).await {
-            Ok(stored) => stored,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot read stored offsets; checking again later");
-                return Ok(());
-            }
-        };
-        self.report_lag(&stored);
-        let moved: Vec<i32> = stored
-            .iter()
-            .filter(|(p, at)| self.owned.get(p) != Some(at))
-            .map(|(p, _)| *p)
-            .collect();
-        if moved.is_empty() {
+        let check =
+            match offsets::check_held(&self.pool, Ledger::Ingest, &self.key, &self.owned).await {
+                Ok(check) => check,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot read stored offsets; checking again later");
+                    return Ok(());
+                }
+            };
+        self.report_lag(&check.stored);
+        if check.differing.is_empty() {
             return Ok(());
         }
-        let held: BTreeMap<i32, Option<i64>> = moved.iter().map(|p| (*p, self.owned[p])).collect();
-        let found: BTreeMap<i32, Option<i64>> = moved.iter().map(|p| (*p, stored[p])).collect();
+        let held: BTreeMap<i32, Option<i64>> = check
+            .differing
+            .iter()
+            .map(|p| (*p, self.owned[p]))
+            .collect();
+        let found: BTreeMap<i32, Option<i64>> = check
+            .differing
+            .iter()
+            .map(|p| (*p, check.stored[p]))
+            .collect();
         tracing::warn!(
             ?held,
             stored = ?found,
             "stored offsets differ from the positions held (postgres lost commits, or another \
              consumer moved them); rejoining to start from the stored offsets"
         );
-        telemetry::record_offsets_mismatch(moved.len());
-        Err(moved)
+        telemetry::record_offsets_mismatch(check.differing.len());
+        Err(check.differing)
     }
 
     /// Lag per partition: the broker's high watermark minus `next` (a

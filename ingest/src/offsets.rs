@@ -137,6 +137,35 @@ pub async fn move_all(
     Ok(unmoved)
 }
 
+/// What the stored offsets say of the positions a consumer holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldCheck {
+    /// The stored next offset of every held partition.
+    pub stored: BTreeMap<i32, Option<i64>>,
+    /// The partitions whose stored offset is not the held one: Postgres
+    /// went back (lost commits, a failover, a restore) or another consumer
+    /// moved them. Either way the holder must start again from `stored`.
+    pub differing: Vec<i32>,
+}
+
+/// Reads the stored offsets of the partitions in `held` and compares them
+/// with the held positions.
+pub async fn check_held(
+    pool: &PgPool,
+    ledger: Ledger,
+    key: &ConsumerKey,
+    held: &BTreeMap<i32, Option<i64>>,
+) -> Result<HeldCheck, sqlx::Error> {
+    let partitions: Vec<i32> = held.keys().copied().collect();
+    let stored = load(pool, ledger, key, &partitions).await?;
+    let differing = stored
+        .iter()
+        .filter(|(p, at)| held.get(p) != Some(at))
+        .map(|(p, _)| *p)
+        .collect();
+    Ok(HeldCheck { stored, differing })
+}
+
 /// The stored next offset of each partition in `ledger` (`None`: never committed).
 pub async fn load(
     pool: &PgPool,

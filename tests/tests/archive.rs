@@ -743,3 +743,44 @@ async fn orphans_are_never_listed_and_gc_deletes_only_those_the_offsets_passed()
     let report = verify::verify(&pool, store.as_ref(), &key).await.unwrap();
     assert!(!report.ok());
 }
+
+#[tokio::test]
+async fn an_idle_archiver_whose_stored_offsets_went_back_archives_again() {
+    let stack = TestStack::new("archive_back").await;
+    let root: PathBuf = stack.dir.path().join("archive");
+    let group = format!("archiver-{}", stack.group);
+    let svc = archiver(
+        &stack,
+        &group,
+        &root,
+        "archiver",
+        &[("ARCHIVE_LINGER_MS", "300")],
+    );
+    let batch: Vec<(String, Vec<u8>)> = (0..400)
+        .map(|i| {
+            let e = tests::events::usage_event("acme-corp", i);
+            (e.tenant_id.clone(), e.to_json())
+        })
+        .collect();
+    let landed = stack.produce_tracked(&stack.producer(), &batch).await;
+    let mut ends: BTreeMap<i32, i64> = BTreeMap::new();
+    for (p, o) in landed {
+        let end = ends.entry(p).or_default();
+        *end = (*end).max(o + 1);
+    }
+    wait_archived(&stack, &group, &ends, &svc).await;
+    // Postgres goes back to before the archiver ran (a restored backup, a
+    // failover to a standby that was behind): no manifest, no offsets. The
+    // files stay; nothing more is produced.
+    let mut tx = stack.pool.begin().await.unwrap();
+    for table in ["archive_manifest", "archive_offsets"] {
+        sqlx::query(&format!("DELETE FROM {table} WHERE consumer_group = $1"))
+            .bind(&group)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    wait_archived(&stack, &group, &ends, &svc).await;
+    assert_contiguous(&manifest(&stack, &group).await, &ends);
+}

@@ -9,6 +9,13 @@
 //! the batch in memory and retries it, re-writing the same files; a crash
 //! leaves orphan files that the next attempt overwrites or that
 //! `archiver verify` lists.
+//!
+//! Every second, also while no message arrives, the archiver reads its
+//! stored archive offsets and compares them with the positions it holds,
+//! as ingest does (see `crate::batcher`): if Postgres went back (a
+//! failover to a standby that was behind, a restored backup) or another
+//! archiver moved them, it stops as fenced and the session rejoins from
+//! what is stored. The same read sets `archive_lag`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,7 +35,7 @@ use crate::batch::RawMessage;
 use crate::batcher::Stopped;
 use crate::consumer::{Feed, HighWatermarks};
 use crate::error::IngestError;
-use crate::offsets::ConsumerKey;
+use crate::offsets::{self, ConsumerKey, Ledger};
 
 /// Batching limits.
 #[derive(Debug, Clone, Copy)]
@@ -88,14 +95,18 @@ impl Archiver {
 
     /// Runs until the feed closes or this archiver is fenced.
     pub async fn run(mut self, mut feed: mpsc::Receiver<Feed>) -> Stopped {
-        // Lag is reported on a tick too, so it shows while nothing commits.
-        let mut lag_tick = tokio::time::interval(Duration::from_secs(1));
+        // The stored offsets are checked (and lag reported from them) on a
+        // tick, so both happen while nothing commits.
+        let mut check = tokio::time::interval(Duration::from_secs(1));
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let deadline = self.first_at.map(|t| t + self.limits.linger);
             let next = tokio::select! {
                 next = feed.recv() => next,
-                _ = lag_tick.tick() => {
-                    self.report_lag();
+                _ = check.tick() => {
+                    if let Err(moved) = self.check_offsets().await {
+                        return Stopped::Fenced(moved);
+                    }
                     continue;
                 }
                 () = sleep_until(deadline) => {
@@ -114,7 +125,7 @@ impl Archiver {
                 }
                 Some(Feed::Assigned(stored)) => {
                     self.owned.extend(stored);
-                    self.report_lag();
+                    self.report_lag(&self.owned);
                 }
                 Some(Feed::Revoked(partitions, ack)) => {
                     let flushed = self.flush().await;
@@ -182,7 +193,7 @@ impl Archiver {
                         self.owned.insert(p, Some(next));
                     }
                     self.clear();
-                    self.report_lag();
+                    self.report_lag(&self.owned);
                 }
                 Ok((Outcome::Stale { done, fenced }, encoded, _)) => {
                     if !fenced.is_empty() {
@@ -257,11 +268,38 @@ impl Archiver {
         Ok((outcome, encoded, commit_started.elapsed()))
     }
 
-    fn report_lag(&self) {
+    /// Compares the stored archive offsets with the held positions; `Err`:
+    /// the partitions that differ. A failed read changes nothing.
+    async fn check_offsets(&self) -> Result<(), Vec<i32>> {
+        if self.owned.is_empty() {
+            return Ok(());
+        }
+        let check = match offsets::check_held(&self.pool, Ledger::Archive, &self.key, &self.owned)
+            .await
+        {
+            Ok(check) => check,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read archive offsets; checking again later");
+                return Ok(());
+            }
+        };
+        self.report_lag(&check.stored);
+        if check.differing.is_empty() {
+            return Ok(());
+        }
+        tracing::warn!(
+            partitions = ?check.differing,
+            "stored archive offsets differ from the positions held (postgres went back, or \
+             another archiver moved them); rejoining to start from the stored offsets"
+        );
+        Err(check.differing)
+    }
+
+    fn report_lag(&self, next: &BTreeMap<i32, Option<i64>>) {
         let Ok(marks) = self.watermarks.lock() else {
             return;
         };
-        for (p, next) in &self.owned {
+        for (p, next) in next {
             if let Some(high) = marks.get(p) {
                 telemetry::record_lag(*p, (high - next.unwrap_or(0)).max(0));
             }
