@@ -76,14 +76,17 @@ async fn read_to_close(stream: &mut TcpStream) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
+/// Sends `request` on a new connection and reads until the server closes it.
+async fn exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request).await.expect("write");
+    read_to_close(&mut s).await
+}
+
 #[tokio::test]
 async fn half_sent_headers_lose_the_connection() {
     let (addr, _stop, _task) = start().await;
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n")
-        .await
-        .expect("write");
-    let answer = read_to_close(&mut s).await;
+    let answer = exchange(addr, b"GET /hello HTTP/1.1\r\nHost: x\r\n").await;
     assert!(!answer.contains("hello"), "{answer}");
 }
 
@@ -97,11 +100,11 @@ async fn a_connection_that_sends_nothing_is_closed() {
 #[tokio::test]
 async fn a_partial_body_gets_408_in_the_error_shape() {
     let (addr, _stop, _task) = start().await;
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nonly ten b")
-        .await
-        .expect("write");
-    let answer = read_to_close(&mut s).await;
+    let answer = exchange(
+        addr,
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nonly ten b",
+    )
+    .await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains(r#""code":"request_timeout""#), "{answer}");
 }
@@ -109,12 +112,8 @@ async fn a_partial_body_gets_408_in_the_error_shape() {
 #[tokio::test]
 async fn an_idle_kept_alive_connection_is_closed_after_its_request() {
     let (addr, _stop, _task) = start().await;
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("write");
     // The answer arrives, then the connection stays idle until the bound.
-    let answer = read_to_close(&mut s).await;
+    let answer = exchange(addr, b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.ends_with("hello"), "{answer}");
 }
@@ -122,13 +121,11 @@ async fn an_idle_kept_alive_connection_is_closed_after_its_request() {
 #[tokio::test]
 async fn a_complete_body_is_handed_to_the_handler() {
     let (addr, _stop, _task) = start().await;
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(
+    let answer = exchange(
+        addr,
         b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
     )
-    .await
-    .expect("write");
-    let answer = read_to_close(&mut s).await;
+    .await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.ends_with("hello"), "{answer}");
 }
@@ -136,11 +133,11 @@ async fn a_complete_body_is_handed_to_the_handler() {
 #[tokio::test]
 async fn a_stream_longer_than_every_timeout_is_not_cut() {
     let (addr, _stop, _task) = start().await;
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(b"GET /slow-stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("write");
-    let answer = read_to_close(&mut s).await;
+    let answer = exchange(
+        addr,
+        b"GET /slow-stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     for i in 0..5 {
         assert!(answer.contains(&format!("chunk{i}")), "{answer}");
     }
