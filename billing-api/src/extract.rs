@@ -5,9 +5,10 @@
 //! shape through [`BillingError`]'s one mapping, never as axum's plain text.
 //!
 //! NUL characters: Postgres refuses them in `text`, so a NUL that reached a
-//! query would be a 500. [`reject_nul`] turns away a request whose decoded
-//! path parameters or query contain one (naming the parameter), before any
-//! handler runs; JSON string fields are read through [`text`], and the
+//! query would be a 500. `serving::nul::reject_in_query` (layered on the
+//! router) refuses one in the query string;
+//! [`reject_nul`] turns away a request whose decoded path parameters
+//! contain one (naming the parameter), before any handler runs; JSON string fields are read through [`text`], and the
 //! price book checks its own strings.
 
 use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
@@ -49,19 +50,14 @@ impl<S: Send + Sync> FromRequest<S> for Text {
     }
 }
 
-/// The message for a parameter that holds a NUL.
-pub fn nul_message(param: &str) -> String {
-    format!("`{param}` contains a NUL character (U+0000), which is never valid here")
-}
-
 /// Middleware (a route layer, so the route's parameters are known): a
-/// request whose decoded path parameters or query hold a NUL gets 400.
+/// request whose decoded path parameters hold a NUL gets 400.
 pub async fn reject_nul(
     params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
     req: Request,
     next: Next,
 ) -> Response {
-    match nul_param(params, &req) {
+    match nul_param(params) {
         Ok(()) => next.run(req).await,
         Err(e) => e.into_response(),
     }
@@ -69,18 +65,9 @@ pub async fn reject_nul(
 
 fn nul_param(
     params: Result<RawPathParams, axum::extract::rejection::RawPathParamsRejection>,
-    req: &Request,
 ) -> Result<(), BillingError> {
     if let Some((name, _)) = params?.iter().find(|(_, v)| v.contains('\0')) {
-        return Err(BillingError::BadRequest(nul_message(name)));
-    }
-    let axum::extract::Query(pairs) =
-        axum::extract::Query::<Vec<(String, String)>>::try_from_uri(req.uri())?;
-    if let Some((name, _)) = pairs
-        .iter()
-        .find(|(k, v)| k.contains('\0') || v.contains('\0'))
-    {
-        return Err(BillingError::BadRequest(nul_message(name)));
+        return Err(BillingError::BadRequest(serving::nul_message(name)));
     }
     Ok(())
 }

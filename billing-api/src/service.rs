@@ -82,6 +82,7 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(crate::extract::method_not_allowed)
         .fallback(crate::extract::unknown_path)
         .with_state(state)
+        .layer(axum::middleware::from_fn(serving::nul::reject_in_query))
 }
 
 pub async fn run(

@@ -39,7 +39,13 @@ async fn start(pool: PgPool) -> Api {
         pool,
         cost_metrics: Default::default(),
     };
-    tokio::spawn(async move { axum::serve(listener, app(state)).await });
+    // Served as the binary serves it: through the shared serving layer.
+    tokio::spawn(serving::serve(
+        listener,
+        app(state),
+        serving::HttpSettings::default(),
+        std::future::pending(),
+    ));
     Api {
         url: format!("http://{addr}"),
         client: reqwest::Client::new(),

@@ -3,10 +3,10 @@
 //! Fields Meterline does not use (temperature, tools, …) are accepted and
 //! ignored, as OpenAI-compatible servers do.
 //!
-//! Both servers also refuse a NUL character (U+0000) in what they read —
-//! the model, a message's content, a query parameter — with a 400 naming
-//! it ([`ChatRequest::nul_field`], [`nul_query_param`]): no identifier or
-//! prompt of theirs can hold one, and Postgres refuses it in text.
+//! Both servers also refuse a NUL character (U+0000) in what they read of
+//! the request — the model, a message's content — with a 400 naming it
+//! ([`ChatRequest::nul_field`]); `serving::nul::reject_in_query` refuses one
+//! in the query.
 
 use serde::Deserialize;
 
@@ -49,26 +49,8 @@ pub struct NulField {
 
 impl NulField {
     pub fn message(&self) -> String {
-        nul_message(&self.path)
+        serving::nul_message(&self.path)
     }
-}
-
-/// The message for a field or parameter that holds a NUL.
-pub fn nul_message(name: &str) -> String {
-    format!("`{name}` contains a NUL character (U+0000), which is never valid here")
-}
-
-/// The first query parameter (by name) whose decoded name or value holds a
-/// NUL; a query that does not decode as UTF-8 is reported as `Err` with
-/// axum's message.
-pub fn nul_query_param(uri: &axum::http::Uri) -> Result<Option<String>, String> {
-    let axum::extract::Query(pairs) =
-        axum::extract::Query::<Vec<(String, String)>>::try_from_uri(uri)
-            .map_err(|e| e.body_text())?;
-    Ok(pairs
-        .into_iter()
-        .find(|(k, v)| k.contains('\0') || v.contains('\0'))
-        .map(|(k, _)| k))
 }
 
 impl ChatRequest {
@@ -125,16 +107,5 @@ mod tests {
         let second =
             parse(r#"{"model": "m", "messages": [{"content": "hi"}, {"content": "a\u0000b"}]}"#);
         assert_eq!(second.nul_field().unwrap().path, "messages[1].content");
-    }
-
-    #[test]
-    fn a_nul_in_the_query_is_named() {
-        let uri = |s: &str| s.parse::<axum::http::Uri>().unwrap();
-        assert_eq!(
-            nul_query_param(&uri("/v1/models?a=1&b=x%00")),
-            Ok(Some("b".into()))
-        );
-        assert_eq!(nul_query_param(&uri("/v1/models?a=1")), Ok(None));
-        assert_eq!(nul_query_param(&uri("/v1/models")), Ok(None));
     }
 }

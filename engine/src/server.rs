@@ -8,8 +8,8 @@
 //! `reserved`; default standard). When the client goes away the handler's
 //! future or the SSE stream is dropped, which drops the [`Generation`] and
 //! cancels the request on its replica. Errors use OpenAI's shape (unknown
-//! paths, wrong methods, a body too large and a NUL in the query or the
-//! request included); "no capacity" is 503 with a jittered `Retry-After`.
+//! paths, wrong methods, a body too large and a NUL in the request
+//! included; a NUL in the query through `serving::nul::reject_in_query`); "no capacity" is 503 with a jittered `Retry-After`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -19,9 +19,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
-use axum::middleware::{self, Next};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -50,18 +49,7 @@ pub fn app(sim: Arc<Simulator>) -> Router {
             EngineError::UnknownPath(format!("{method} {}", uri.path()))
         })
         .with_state(sim)
-        .layer(middleware::from_fn(reject_nul_query))
-}
-
-/// A query parameter holding a NUL is a 400 naming it.
-async fn reject_nul_query(req: Request, next: Next) -> Response {
-    match crate::openai::nul_query_param(req.uri()) {
-        Ok(None) => next.run(req).await,
-        Ok(Some(name)) => {
-            EngineError::BadRequest(crate::openai::nul_message(&name)).into_response()
-        }
-        Err(message) => EngineError::BadRequest(message).into_response(),
-    }
+        .layer(axum::middleware::from_fn(serving::nul::reject_in_query))
 }
 
 /// Serves `app(sim)` on `listener` until `shutdown` resolves.

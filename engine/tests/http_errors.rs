@@ -14,7 +14,13 @@ async fn start() -> String {
     let sim = Arc::new(Simulator::new(ModelProfile::reference(), 0));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, engine::server::app(sim)).await });
+    // Served as the binary serves it: through the shared serving layer.
+    tokio::spawn(serving::serve(
+        listener,
+        engine::server::app(sim),
+        serving::HttpSettings::default(),
+        std::future::pending(),
+    ));
     format!("http://{addr}")
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::extract::Request;
 use axum::http::{HeaderValue, Method, Uri};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use engine::upstream::{self, Upstreams};
@@ -75,23 +75,8 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
             GatewayError::UnknownPath(format!("{method} {}", uri.path()))
         })
         .with_state(state)
-        .layer(middleware::from_fn(reject_nul_query))
+        .layer(middleware::from_fn(serving::nul::reject_in_query))
         .layer(middleware::from_fn(request_id))
-}
-
-/// A query parameter holding a NUL is a 400 naming it (JSON fields are
-/// checked in the handler, see `ChatRequest::nul_field`).
-async fn reject_nul_query(req: Request, next: Next) -> Response {
-    let param = match engine::openai::nul_query_param(req.uri()) {
-        Ok(None) => return next.run(req).await,
-        Ok(Some(name)) => name,
-        Err(message) => return GatewayError::BadRequest(message).into_response(),
-    };
-    GatewayError::InvalidParam {
-        message: engine::openai::nul_message(&param),
-        param: param.into(),
-    }
-    .into_response()
 }
 
 async fn request_id(mut req: Request, next: Next) -> Response {

@@ -57,7 +57,13 @@ async fn start() -> Gateway {
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app(state, None)).await });
+    // Served as the binary serves it: through the shared serving layer.
+    tokio::spawn(serving::serve(
+        listener,
+        app(state, None),
+        serving::HttpSettings::default(),
+        std::future::pending(),
+    ));
     Gateway {
         url: format!("http://{addr}"),
         client: reqwest::Client::new(),

@@ -13,9 +13,7 @@ use axum::body::{Body, HttpBody};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::json;
+use axum::response::Response;
 
 /// The most a body may hold before the extractors see it; axum's own
 /// limits (2 MiB by default) are lower and answer first.
@@ -68,20 +66,10 @@ pub async fn read_within(State(timeout): State<Duration>, req: Request, next: Ne
     }
 }
 
-/// An error in the shape both of Meterline's APIs answer in: `code` and
-/// `message` (billing-api), plus `type` and `param` (OpenAI's, the gateway
-/// and the engine). The connection is closed after it.
+/// [`crate::error::response`], and the connection closed after it: what
+/// is left of the body is not read.
 fn error(status: StatusCode, code: &str, message: String) -> Response {
-    let mut res = (
-        status,
-        Json(json!({"error": {
-            "message": message,
-            "type": "invalid_request_error",
-            "param": null,
-            "code": code,
-        }})),
-    )
-        .into_response();
+    let mut res = crate::error::response(status, code, None, message);
     res.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     res

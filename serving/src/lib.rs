@@ -14,6 +14,10 @@
 //!   request, so the same bound closes idle keep-alive connections — and a
 //!   request body within [`HttpSettings::body_read_timeout`] (408 otherwise).
 //!   The response has no time limit: a 600 s stream is not cut.
+//! - **No NUL in the query.** [`nul::reject_in_query`] answers a decoded
+//!   query parameter holding U+0000 with a 400 naming it; each service
+//!   layers it inside its own router (so the gateway's `X-Request-Id`
+//!   still wraps the answer).
 //! - **One graceful shutdown.** [`shutdown_signal`] resolves on SIGTERM or
 //!   Ctrl-C; [`serve`] then stops accepting, lets in-flight responses finish
 //!   for up to [`HttpSettings::shutdown_grace`], and returns.
@@ -22,13 +26,18 @@
 //! - [`settings`]: the typed, validated settings (`HTTP_*` variables).
 //! - [`server`]: the accept loop and per-connection HTTP/1.1 setup.
 //! - [`body`]: the request-body read timeout, as a middleware.
+//! - [`nul`]: the NUL check of the query, and the one NUL message.
+//! - `error`: the error body this layer answers with itself.
 //! - [`shutdown`]: the signal every binary stops on.
 
 pub mod body;
+mod error;
+pub mod nul;
 pub mod server;
 pub mod settings;
 pub mod shutdown;
 
+pub use nul::nul_message;
 pub use server::{serve, ServeError};
 pub use settings::HttpSettings;
 pub use shutdown::shutdown_signal;

@@ -125,7 +125,7 @@ impl PriceBook {
             if value.contains('\0') {
                 return Err(BillingError::BadRequest(format!(
                     "price book: {}",
-                    crate::extract::nul_message(field)
+                    serving::nul_message(field)
                 )));
             }
         }
