@@ -63,6 +63,35 @@ impl TestStack {
         }
     }
 
+    /// The one number `sql` selects (a `count(*)`, a `sum(…)::bigint`).
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_as::<_, (i64,)>(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect("count query")
+            .0
+    }
+
+    /// Polls `sql` until it selects `expected`; fails after `within` with
+    /// `service`'s log.
+    pub async fn wait_count(
+        &self,
+        sql: &str,
+        expected: i64,
+        service: &crate::Service,
+        within: Duration,
+    ) {
+        let deadline = tokio::time::Instant::now() + within;
+        while self.count(sql).await != expected {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "`{sql}` never reached {expected}:\n{}",
+                service.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Environment shared by every service of this test.
     pub fn env(&self) -> HashMap<String, String> {
         HashMap::from([

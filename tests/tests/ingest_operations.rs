@@ -58,26 +58,6 @@ async fn apply_batch(
     counts
 }
 
-async fn count(stack: &TestStack, sql: &str) -> i64 {
-    sqlx::query_as::<_, (i64,)>(sql)
-        .fetch_one(&stack.pool)
-        .await
-        .unwrap()
-        .0
-}
-
-async fn wait_until(stack: &TestStack, sql: &str, expected: i64, service: &Service) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while count(stack, sql).await != expected {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "`{sql}` never reached {expected}:\n{}",
-            service.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn ingest(stack: &TestStack, extra: &[(&str, &str)]) -> Service {
     let mut env = stack.env();
     env.insert(
@@ -110,7 +90,7 @@ async fn sigterm_commits_the_batch_in_memory() {
     // Long enough for the group join (~3 s) and the fetch; nothing is committed yet.
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(
-        count(&stack, "SELECT count(*) FROM request_log").await,
+        stack.count("SELECT count(*) FROM request_log").await,
         0,
         "linger should hold the batch"
     );
@@ -120,17 +100,15 @@ async fn sigterm_commits_the_batch_in_memory() {
         .expect("ingest exited");
     assert!(status.success(), "exit {status}:\n{}", svc.log_tail());
     assert_eq!(
-        count(&stack, "SELECT count(*) FROM request_log").await,
+        stack.count("SELECT count(*) FROM request_log").await,
         500,
         "{}",
         svc.log_tail()
     );
     assert_eq!(
-        count(
-            &stack,
-            "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets"
-        )
-        .await,
+        stack
+            .count("SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets")
+            .await,
         500
     );
 }
@@ -184,13 +162,14 @@ async fn metrics_count_each_outcome() {
     msgs.push(("acme-corp".into(), good[0].to_json())); // a re-send
     msgs.push(("acme-corp".into(), b"not json".to_vec()));
     stack.produce(&stack.producer(), &msgs).await;
-    wait_until(
-        &stack,
-        "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets",
-        11,
-        &svc,
-    )
-    .await;
+    stack
+        .wait_count(
+            "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets",
+            11,
+            &svc,
+            Duration::from_secs(60),
+        )
+        .await;
     let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
         .await
         .unwrap()
@@ -360,13 +339,14 @@ async fn dead_letters_of_two_topics_at_one_offset_are_both_kept() {
             assert_eq!((landed.partition, landed.offset), (0, offset), "{topic}");
         }
     }
-    wait_until(
-        &stack,
-        "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets",
-        4,
-        &first_ingest,
-    )
-    .await;
+    stack
+        .wait_count(
+            "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets",
+            4,
+            &first_ingest,
+            Duration::from_secs(60),
+        )
+        .await;
     let expected = |outcome: Option<&str>| {
         let mut rows = Vec::new();
         for topic in [&stack.topic, &second] {
@@ -414,11 +394,11 @@ async fn dead_letters_of_two_topics_at_one_offset_are_both_kept() {
         .unwrap();
     assert_eq!(report.counted, 2);
     assert_eq!(
-        count(&stack, "SELECT count(*) FROM request_log").await,
+        stack.count("SELECT count(*) FROM request_log").await,
         2,
         "both re-driven events are stored"
     );
-    assert_eq!(count(&stack, "SELECT count(*) FROM dead_letters").await, 4);
+    assert_eq!(stack.count("SELECT count(*) FROM dead_letters").await, 4);
 }
 
 /// A conflict's stored version is the first stored event in the contract's

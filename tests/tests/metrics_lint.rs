@@ -119,27 +119,6 @@ async fn scrape(client: &reqwest::Client, url: &str) -> String {
     res.text().await.unwrap()
 }
 
-async fn count(stack: &TestStack, sql: &str) -> i64 {
-    sqlx::query_as::<_, (i64,)>(sql)
-        .fetch_one(&stack.pool)
-        .await
-        .unwrap()
-        .0
-}
-
-/// Polls `sql` until it returns `expected` (the service's log on failure).
-async fn wait_count(stack: &TestStack, sql: &str, expected: i64, service: &Service) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    while count(stack, sql).await != expected {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "`{sql}` never reached {expected}:\n{}",
-            service.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metrics_endpoint_passes_promtool() {
     // Fail at once, not after starting five services.
@@ -222,30 +201,11 @@ async fn every_metrics_endpoint_passes_promtool() {
     let archiver_url = format!("http://127.0.0.1:{archiver_port}/metrics");
     wait_healthy(&archiver_url, &mut archiver, Duration::from_secs(60)).await;
 
-    let billing_port = free_port();
-    let mut env = stack.env();
-    env.extend([
-        (
-            "BILLING_ADDR".to_owned(),
-            format!("127.0.0.1:{billing_port}"),
-        ),
-        (
-            "BILLING_BOOTSTRAP_FINANCE_TOKEN".to_owned(),
-            FINANCE_TOKEN.to_owned(),
-        ),
-        (
-            "BILLING_PRICE_BOOK_FILE".to_owned(),
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../config/price-book.yaml").to_owned(),
-        ),
-    ]);
-    let mut billing = Service::start("billing", "billing-api", &[], env, dir);
-    let billing_url = format!("http://127.0.0.1:{billing_port}");
-    wait_healthy(
-        &format!("{billing_url}/healthz"),
-        &mut billing,
-        Duration::from_secs(60),
-    )
-    .await;
+    let tests::billing::BillingApi {
+        service: billing,
+        url: billing_url,
+        dir: _billing_dir,
+    } = tests::billing::start_billing_api(&stack.database_url, FINANCE_TOKEN).await;
 
     let client = reqwest::Client::new();
     let endpoints = [
@@ -315,20 +275,22 @@ async fn every_metrics_endpoint_passes_promtool() {
         res.bytes().await.unwrap();
         answered += i64::from(expected == 200);
     }
-    wait_count(
-        &stack,
-        "SELECT count(*) FROM request_log",
-        answered,
-        &ingest,
-    )
-    .await;
-    wait_count(
-        &stack,
-        "SELECT coalesce(sum(rows), 0)::bigint FROM archive_manifest",
-        answered,
-        &archiver,
-    )
-    .await;
+    stack
+        .wait_count(
+            "SELECT count(*) FROM request_log",
+            answered,
+            &ingest,
+            Duration::from_secs(90),
+        )
+        .await;
+    stack
+        .wait_count(
+            "SELECT coalesce(sum(rows), 0)::bigint FROM archive_manifest",
+            answered,
+            &archiver,
+            Duration::from_secs(90),
+        )
+        .await;
 
     // billing-api renders its cost metrics at most every 30 s: wait for a
     // rendering that has this traffic in it.
