@@ -38,6 +38,7 @@ pub struct IngestConfig {
     #[arg(
         long,
         env = "INGEST_SYNCHRONOUS_COMMIT",
+        value_name = "INGEST_SYNCHRONOUS_COMMIT",
         value_enum,
         default_value = "on"
     )]

@@ -13,6 +13,7 @@ pub struct HttpSettings {
     #[arg(
         long = "http-header-read-timeout-secs",
         env = "HTTP_HEADER_READ_TIMEOUT_SECS",
+        value_name = "HTTP_HEADER_READ_TIMEOUT_SECS",
         default_value_t = 30,
         value_parser = clap::value_parser!(u64).range(1..=3600)
     )]
@@ -21,6 +22,7 @@ pub struct HttpSettings {
     #[arg(
         long = "http-body-read-timeout-secs",
         env = "HTTP_BODY_READ_TIMEOUT_SECS",
+        value_name = "HTTP_BODY_READ_TIMEOUT_SECS",
         default_value_t = 30,
         value_parser = clap::value_parser!(u64).range(1..=3600)
     )]
@@ -29,6 +31,7 @@ pub struct HttpSettings {
     #[arg(
         long = "http-shutdown-grace-secs",
         env = "HTTP_SHUTDOWN_GRACE_SECS",
+        value_name = "HTTP_SHUTDOWN_GRACE_SECS",
         default_value_t = 30,
         value_parser = clap::value_parser!(u64).range(0..=3600)
     )]
@@ -82,6 +85,6 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(err.contains("http-header-read-timeout-secs"), "{err}");
+        assert!(err.contains("HTTP_HEADER_READ_TIMEOUT_SECS"), "{err}");
     }
 }
