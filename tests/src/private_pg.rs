@@ -133,16 +133,21 @@ impl PrivatePostgres {
     pub fn kill_all(&mut self) {
         if let Some(mut child) = self.child.take() {
             let pid = rustix::process::Pid::from_child(&child);
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-            let _ = child.wait();
-            // The backends are gone with the group; give the kernel a moment
-            // to release their sockets and shared memory.
+            let group = pid.as_raw_nonzero().get();
+            // A backend being forked at the moment of the first signal can
+            // outlive it, still attached to the shared memory (the restart
+            // would then refuse to start): signal again until no live
+            // process is left in the group.
             let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline
-                && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-            {
+            loop {
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+                let _ = child.try_wait();
+                if live_members(group) == 0 || Instant::now() > deadline {
+                    break;
+                }
                 std::thread::sleep(Duration::from_millis(20));
             }
+            let _ = child.wait();
         }
     }
 
@@ -202,6 +207,27 @@ impl PrivatePostgres {
     fn log_path(&self) -> PathBuf {
         self._dir.path().join("postgres.log")
     }
+}
+
+/// Processes of process group `group` that are alive (not zombies), from
+/// `/proc/<pid>/stat`: the state is the first field after the command's
+/// closing parenthesis, the process group the third.
+fn live_members(group: i32) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            fields.first().is_some_and(|state| *state != "Z")
+                && fields.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(group)
+        })
+        .count()
 }
 
 fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) {
