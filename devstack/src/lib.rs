@@ -1,0 +1,1 @@
+//! The local stack: see the crate description.

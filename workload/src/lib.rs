@@ -1,0 +1,1 @@
+//! Usage events shaped like the reference tenants' traffic.
