@@ -1,1 +1,42 @@
-//! The local stack: see the crate description.
+//! The local stack, in one place, for the tests, the benchmarks and the
+//! demo: the shared services they run against, fresh databases and topics
+//! that are dropped when a run ends, private instances for the tests that
+//! crash a dependency, and Meterline's binaries as processes by handle.
+//!
+//! Layout:
+//! - [`stack`]: the shared stack `devstack up|down|status|env` manages
+//!   (Postgres, the Nisshi broker and its topic, Redis) and `.stack/env`;
+//! - [`postgres`]: the shared server's URL, clusters of our own from
+//!   `initdb` (the project-local one, [`PrivatePostgres`]);
+//! - [`database`]: a fresh, migrated database per run ([`Database`]);
+//! - [`topic`]: creating and deleting topics, a fresh one per run ([`Topic`]);
+//! - [`nisshi`]: the broker's binary, built once into a cache, and a
+//!   [`PrivateBroker`];
+//! - [`redis`]: the shared Redis and a [`PrivateRedis`];
+//! - [`process`]: [`Service`], a child process by handle (start, SIGTERM,
+//!   SIGKILL with its process group, restart), and detached processes;
+//! - [`health`]: waiting for a service, with an error naming what did not
+//!   come up; free ports.
+//!
+//! Invariants: nothing here finds or kills a process by name; a test never
+//! stops, kills or restarts the shared services (it gets a private
+//! instance); every database and topic made for a run is dropped with its
+//! handle, even when the test panics.
+
+pub mod database;
+pub mod error;
+pub mod health;
+pub mod nisshi;
+pub mod postgres;
+pub mod process;
+pub mod redis;
+pub mod stack;
+pub mod topic;
+
+pub use database::Database;
+pub use error::{DevstackError, Result};
+pub use nisshi::PrivateBroker;
+pub use postgres::PrivatePostgres;
+pub use process::Service;
+pub use redis::PrivateRedis;
+pub use topic::Topic;
