@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and property tests, and the
-# end-to-end tests against the real Postgres and the real broker (which this
+# end-to-end tests against the real Postgres, broker and Redis (which this
 # script brings up first; the broker's first build takes ~17 minutes).
+# Test binaries and tests run in parallel (cargo-nextest): a test that kills
+# or restarts a dependency has a private instance of it, so nothing here
+# touches another test's services. METERLINE_TEST_THREADS sets how many
+# tests run at once (default 4).
 set -Eeuo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$ROOT"
 SUITE_STARTED=$(date +%s)
 command -v cargo >/dev/null || { echo "error: cargo not found; install Rust with rustup" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "== installing cargo-nextest (the suite's test runner)"
+  cargo install --locked cargo-nextest
+fi
 bash scripts/stack.sh up
 bash scripts/ensure-tools.sh
 # shellcheck disable=SC1091
@@ -18,17 +26,19 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== build the services the end-to-end tests start"
 cargo build --workspace --bins --quiet
-echo "== cargo test"
-# Test binaries run one after another; the fault drill restarts Postgres and
-# relies on that.
+echo "== cargo nextest run"
 LOG="$ROOT/.stack/test-output.log"
 set +e
-cargo test --workspace 2>&1 | tee "$LOG"
+cargo nextest run --workspace --test-threads "${METERLINE_TEST_THREADS:-4}" 2>&1 | tee "$LOG"
 status=${PIPESTATUS[0]}
+echo "== doc tests"
+cargo test --workspace --doc --quiet 2>&1 | tee "$LOG.doc"
+doc_status=${PIPESTATUS[0]}
 set -e
 # The budget to keep in view: CI has 90 minutes on a fresh machine.
 echo "suite wall time: $(( $(date +%s) - SUITE_STARTED )) s (stack, tools, fmt, clippy, build and tests)"
-# One closing line for the whole suite, summed over every test binary.
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "%d passed, %d failed\n", p, f }' "$LOG"
-exit "$status"
+# One closing line for the whole suite: nextest's summary plus the doc tests.
+awk '/^ *Summary \[/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|timed)/) f += $i } }
+     /^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "%d passed, %d failed\n", p, f }' "$LOG" "$LOG.doc"
+[ "$status" = 0 ] && [ "$doc_status" = 0 ]

@@ -1,1 +1,146 @@
-fn main() {}
+//! The main job (`scripts/demo.sh`): services up, a finalized backfilled
+//! month, live traffic from the five reference tenants, and what each used
+//! and was billed. `demo stop` stops the services it left running.
+//!
+//! Layout: [`services`] starts and stops gateway-lite, ingest, the
+//! archiver and billing-api (detached, pid files and logs in
+//! `.stack/demo/`); [`backfill`] fills and finalizes the month; [`traffic`]
+//! drives the live requests; [`client`] is billing-api as the demo reads
+//! it; [`report`] prints the tables.
+
+#![allow(clippy::print_stdout, reason = "the demo prints its report")]
+
+mod backfill;
+mod client;
+mod report;
+mod services;
+mod traffic;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::{Parser, Subcommand};
+
+/// The demo's settings; every one has a working default.
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// The checkout (its `.stack/` holds the demo's logs, outbox and archive).
+    #[arg(long, env = "METERLINE_ROOT", default_value = ".")]
+    root: PathBuf,
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/meterline"
+    )]
+    database_url: String,
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    kafka_brokers: String,
+    /// The topic the gateway publishes to and the backfill produces to.
+    #[arg(long, env = "GATEWAY_TOPIC", default_value = "usage.events.v1")]
+    topic: String,
+    #[arg(
+        long,
+        env = "BILLING_BOOTSTRAP_FINANCE_TOKEN",
+        default_value = "demo-finance-token-0001"
+    )]
+    finance_token: String,
+    /// Events in the backfilled month.
+    #[arg(long, env = "DEMO_BACKFILL_EVENTS", default_value_t = 1_500_000)]
+    backfill_events: u64,
+    /// The sample's seed (the same seed gives the same month).
+    #[arg(long, env = "DEMO_SEED", default_value_t = 1)]
+    seed: u64,
+    /// Seconds of live traffic.
+    #[arg(long, env = "DEMO_SECONDS", default_value_t = 10)]
+    seconds: u64,
+    /// Live traffic runs at the reference rates divided by this.
+    #[arg(long, env = "DEMO_RATE_DIVISOR", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    rate_divisor: u32,
+    /// `ENGINE_SPEEDUP` of the gateway's simulated engines.
+    #[arg(long, env = "ENGINE_SPEEDUP", default_value = "20")]
+    engine_speedup: String,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the services, backfill and finalize the month, drive traffic (the default).
+    Run,
+    /// Stop the services an earlier run left running.
+    Stop,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let root = std::fs::canonicalize(&cli.root)?;
+    let run_dir = services::RunDir::new(&root)?;
+    if matches!(cli.command, Some(Command::Stop)) {
+        run_dir.stop().await;
+        println!("demo: services stopped");
+        return Ok(());
+    }
+    run_dir.stop().await;
+    let path = |p: &str| root.join(p).display().to_string();
+    let env: HashMap<String, String> = HashMap::from([
+        ("DATABASE_URL".into(), cli.database_url.clone()),
+        ("KAFKA_BROKERS".into(), cli.kafka_brokers.clone()),
+        ("GATEWAY_TOPIC".into(), cli.topic.clone()),
+        ("INGEST_TOPIC".into(), cli.topic.clone()),
+        ("ARCHIVE_TOPIC".into(), cli.topic.clone()),
+        (
+            "BILLING_BOOTSTRAP_FINANCE_TOKEN".into(),
+            cli.finance_token.clone(),
+        ),
+        (
+            "BILLING_PRICE_BOOK_FILE".into(),
+            path("config/price-book.yaml"),
+        ),
+        ("GATEWAY_TENANTS_FILE".into(), path("config/tenants.yaml")),
+        (
+            "GATEWAY_OUTBOX".into(),
+            run_dir.0.join("gateway-outbox").display().to_string(),
+        ),
+        ("ENGINE_SPEEDUP".into(), cli.engine_speedup.clone()),
+        ("ARCHIVE_URL".into(), path(".stack/archive")),
+        ("ARCHIVE_LINGER_MS".into(), "2000".into()),
+    ]);
+    run_dir.start(&env).await?;
+    println!("demo: gateway :8080, billing-api :8082, ingest metrics :9101, archiver metrics :9102 (logs in .stack/demo/)");
+
+    let billing = client::Billing::new("http://127.0.0.1:8082", &cli.finance_token)?;
+    let done = backfill::Backfill {
+        billing: &billing,
+        brokers: cli.kafka_brokers.clone(),
+        topic: cli.topic.clone(),
+        database_url: cli.database_url.clone(),
+        events: cli.backfill_events,
+        seed: cli.seed,
+    }
+    .run()
+    .await?;
+    report::sample(&done);
+    report::invoices(&done);
+
+    let live = traffic::drive(
+        "http://127.0.0.1:8080",
+        &billing,
+        cli.seconds,
+        cli.rate_divisor,
+    )
+    .await?;
+    let mut shadow_bills = Vec::new();
+    for invoice in &done.invoices {
+        shadow_bills.push(billing.shadow_bill(&invoice.body.head.tenant_id).await?);
+    }
+    report::months(&done, &shadow_bills);
+    let all_match = report::matches(&live);
+    println!();
+    println!("demo: services are still running; stop them with: scripts/demo.sh stop");
+    if !all_match {
+        bail!("billed usage differs from what clients were told");
+    }
+    Ok(())
+}

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use crate::error::{DevstackError, Result};
-use crate::process::Service;
+use crate::process::Watched;
 
 /// A free TCP port on 127.0.0.1 (the kernel's pick; free when returned).
 pub fn free_port() -> Result<u16> {
@@ -32,7 +32,7 @@ pub async fn wait_until<F, Fut>(
     what: &str,
     check: &str,
     within: Duration,
-    mut service: Option<&mut Service>,
+    mut service: Option<&mut dyn Watched>,
     mut ready: F,
 ) -> Result<()>
 where
@@ -45,10 +45,10 @@ where
             return Ok(());
         }
         if let Some(s) = service.as_deref_mut() {
-            if let Some(status) = s.exited() {
+            if let Some(status) = s.exit() {
                 return Err(DevstackError::Exited {
                     what: what.to_owned(),
-                    status: status.to_string(),
+                    status,
                     log: format!(":\n{}", s.log_tail()),
                 });
             }
@@ -67,7 +67,7 @@ where
 
 /// Waits until `url` answers 2xx; fails naming the service (with its log)
 /// if it exits first or is not healthy within `within`.
-pub async fn wait_http(url: &str, service: &mut Service, within: Duration) -> Result<()> {
+pub async fn wait_http(url: &str, service: &mut dyn Watched, within: Duration) -> Result<()> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
         .build()
@@ -84,7 +84,7 @@ pub async fn wait_http(url: &str, service: &mut Service, within: Duration) -> Re
 pub async fn wait_tcp(
     what: &str,
     addr: &str,
-    service: Option<&mut Service>,
+    service: Option<&mut dyn Watched>,
     within: Duration,
 ) -> Result<()> {
     wait_until(what, &format!("TCP {addr}"), within, service, || {
@@ -101,7 +101,7 @@ pub async fn wait_tcp(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::process::Spec;
+    use crate::process::{Service, Spec};
 
     #[tokio::test]
     async fn a_service_that_exits_is_named_with_its_log() {

@@ -160,10 +160,18 @@ pub struct PrivateBroker {
 }
 
 impl PrivateBroker {
-    /// Starts a broker and waits until it accepts connections.
+    /// Starts a broker, its log on the shared Postgres, and waits until it
+    /// accepts connections.
     pub async fn start() -> Result<Self> {
+        Self::start_on(&crate::postgres::shared_url()).await
+    }
+
+    /// Starts a broker keeping its log in a fresh database on the server of
+    /// `server_url` (a [`PrivatePostgres`](crate::PrivatePostgres), so that
+    /// crashing that server crashes the broker's storage too).
+    pub async fn start_on(server_url: &str) -> Result<Self> {
         let bin = ensure_binary()?;
-        let storage = Database::empty_on(&crate::postgres::shared_url(), "broker").await?;
+        let storage = Database::empty_on(server_url, "broker").await?;
         let dir = tempfile::Builder::new()
             .prefix("meterline-nisshi-")
             .tempdir()

@@ -274,6 +274,79 @@ pub fn spawn_detached(spec: &Spec) -> Result<u32> {
     Ok(child.id())
 }
 
+/// Something [`health`](crate::health) can watch while it waits: a name,
+/// whether it has exited, and its log.
+pub trait Watched {
+    /// The name errors use.
+    fn name(&self) -> &str;
+    /// How it exited, once it has (`None` while it runs).
+    fn exit(&mut self) -> Option<String>;
+    /// The last lines of its log.
+    fn log_tail(&self) -> String;
+}
+
+impl Watched for Service {
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+    fn exit(&mut self) -> Option<String> {
+        self.exited().map(|s| s.to_string())
+    }
+    fn log_tail(&self) -> String {
+        Service::log_tail(self)
+    }
+}
+
+/// A detached process found by its pid file: it outlives the command that
+/// started it (the demo's services, the stack's broker).
+#[derive(Debug, Clone)]
+pub struct Detached {
+    pub name: String,
+    pub pid: u32,
+    pub log: PathBuf,
+}
+
+impl Detached {
+    /// Starts `spec` detached and writes its pid to `pid_file`.
+    pub fn start(spec: &Spec, pid_file: &Path) -> Result<Self> {
+        let pid = spawn_detached(spec)?;
+        std::fs::write(pid_file, format!("{pid}\n"))
+            .map_err(DevstackError::io(pid_file.display().to_string()))?;
+        Ok(Self {
+            name: spec.name.clone(),
+            pid,
+            log: spec.log.clone(),
+        })
+    }
+
+    /// The process a pid file names, if it is alive.
+    pub fn find(name: &str, pid_file: &Path, log: &Path) -> Option<Self> {
+        let pid: u32 = std::fs::read_to_string(pid_file).ok()?.trim().parse().ok()?;
+        pid_alive(pid).then(|| Self {
+            name: name.to_owned(),
+            pid,
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// SIGTERM, SIGKILL after `grace`; returns once it is gone.
+    pub async fn stop(&self, grace: Duration) {
+        stop_pid(self.pid, Signal::TERM, grace).await;
+    }
+}
+
+impl Watched for Detached {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn exit(&mut self) -> Option<String> {
+        (!pid_alive(self.pid)).then(|| "exited".to_owned())
+    }
+    fn log_tail(&self) -> String {
+        log_tail(&self.log, 40)
+    }
+}
+
 /// Whether `pid` is a live process (a zombie is not: PID 1 in a container
 /// may never reap it).
 pub fn pid_alive(pid: u32) -> bool {

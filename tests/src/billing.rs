@@ -32,7 +32,8 @@ pub async fn start_billing_api(database_url: &str, finance_token: &str) -> Billi
             concat!(env!("CARGO_MANIFEST_DIR"), "/../config/price-book.yaml").to_owned(),
         ),
     ]);
-    let mut service = Service::start("billing", "billing-api", &[], env, dir.path());
+    let mut service = Service::start("billing", "billing-api", &[], env, dir.path())
+        .unwrap_or_else(|e| panic!("{e}"));
     let url = format!("http://127.0.0.1:{port}");
     wait_healthy(
         &format!("{url}/healthz"),

@@ -73,7 +73,8 @@ pub async fn start_gateway_with(
     // Tests send bursts; a test of the global limit sets its own.
     env.entry("GATEWAY_GLOBAL_RPS".into())
         .or_insert_with(|| "0".into());
-    let mut gateway = Service::start("gateway", "gateway-lite", &[], env, stack.dir.path());
+    let mut gateway = Service::start("gateway", "gateway-lite", &[], env, stack.dir.path())
+        .unwrap_or_else(|e| panic!("{e}"));
     let url = format!("http://127.0.0.1:{port}");
     wait_healthy(
         &format!("{url}/healthz"),
@@ -92,7 +93,7 @@ pub fn start_ingest(stack: &TestStack) -> Service {
         format!("127.0.0.1:{}", free_port()),
     );
     env.insert("INGEST_LINGER_MS".into(), "50".into());
-    Service::start("ingest", "ingest", &[], env, stack.dir.path())
+    Service::start("ingest", "ingest", &[], env, stack.dir.path()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// One request_log row: (finish_reason, prompt, completion, stream).

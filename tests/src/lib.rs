@@ -8,7 +8,6 @@
 
 pub mod billing;
 pub mod events;
-pub mod private_pg;
 pub mod process;
 pub mod stack;
 

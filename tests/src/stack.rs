@@ -1,12 +1,24 @@
-//! A fresh database and topic per test, on the real Postgres and broker.
+//! A fresh database and topic per test — on the shared Postgres and broker,
+//! or on private ones for a test that crashes them — all dropped when the
+//! test ends (the dev stack's handles).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use devstack::{Database, PrivateBroker, PrivatePostgres, Topic};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::PgPool;
+
+/// Which dependencies a test gets of its own (to kill or restart them).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Private {
+    /// A broker of the test's own ([`TestStack::broker`]).
+    pub broker: bool,
+    /// A Postgres cluster of the test's own ([`TestStack::postgres`]); a
+    /// private broker then keeps its log there too.
+    pub postgres: bool,
+}
 
 pub struct TestStack {
     pub database_url: String,
@@ -15,52 +27,96 @@ pub struct TestStack {
     pub group: String,
     pub pool: PgPool,
     pub dir: tempfile::TempDir,
+    // Dropped in this order: the topic while its broker runs, the database
+    // while its server runs, then the private servers.
+    _topic: Option<Topic>,
+    _database: Database,
+    broker: Option<PrivateBroker>,
+    postgres: Option<PrivatePostgres>,
 }
 
-fn base_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/meterline".into())
-}
-
-fn unique_suffix() -> String {
-    let s = uuid::Uuid::now_v7().simple().to_string();
-    s[s.len() - 10..].to_owned()
-}
-
-/// A new, migrated database `mt_<name>_<random>`: its URL and a pool.
-pub async fn fresh_database(name: &str) -> (String, PgPool) {
-    let db = format!("mt_{name}_{}", unique_suffix());
-    let base: PgConnectOptions = base_url().parse().expect("DATABASE_URL");
-    let mut admin = base.clone().database("postgres").connect().await.expect(
-        "cannot reach Postgres: start the stack with scripts/stack.sh up or set DATABASE_URL",
-    );
-    sqlx::query(&format!("CREATE DATABASE {db}"))
-        .execute(&mut admin)
+/// A new, migrated database `mt_<name>_<random>` on the shared Postgres,
+/// dropped with the handle.
+pub async fn fresh_database(name: &str) -> Database {
+    Database::fresh(name)
         .await
-        .expect("create test database");
-    let database_url = base.database(&db).to_url_lossy().to_string();
-    let pool = schema_pool(&database_url).await;
-    (database_url, pool)
+        .unwrap_or_else(|e| panic!("fresh database {name}: {e}"))
 }
 
 impl TestStack {
-    /// Creates a fresh database (see [`fresh_database`]) and a 4-partition topic.
+    /// A fresh database and a 4-partition topic on the shared services.
     pub async fn new(name: &str) -> Self {
-        let suffix = unique_suffix();
-        let (database_url, pool) = fresh_database(name).await;
-        let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
-        let topic = format!("usage.events.v1.{name}.{suffix}");
-        usage_contract::topic::create(&brokers, &topic, 4)
+        Self::with(name, Private::default()).await
+    }
+
+    /// A fresh database and a 4-partition topic, on private instances
+    /// where `private` says so.
+    pub async fn with(name: &str, private: Private) -> Self {
+        let postgres = match private.postgres {
+            true => Some(
+                PrivatePostgres::start(&[])
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}")),
+            ),
+            false => None,
+        };
+        let server = postgres
+            .as_ref()
+            .map_or_else(devstack::postgres::shared_url, |pg| pg.url("postgres"));
+        let database = Database::fresh_on(&server, name)
             .await
-            .expect("create the test topic");
+            .unwrap_or_else(|e| panic!("fresh database {name}: {e}"));
+        let broker = match private.broker {
+            true => Some(
+                PrivateBroker::start_on(&server)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}")),
+            ),
+            false => None,
+        };
+        let brokers = broker
+            .as_ref()
+            .map_or_else(devstack::topic::shared_brokers, PrivateBroker::brokers);
+        let prefix = format!("usage.events.v1.{name}");
+        let (topic, handle) = if broker.is_some() {
+            // Gone with the private broker's storage; no delete needed.
+            let name = format!("{prefix}.{}", devstack::database::unique_suffix());
+            devstack::topic::create(&brokers, &name, 4)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            (name, None)
+        } else {
+            let t = Topic::fresh(&brokers, &prefix, 4)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            (t.name.clone(), Some(t))
+        };
         Self {
-            database_url,
+            database_url: database.url.clone(),
             brokers,
-            group: format!("ingest-{name}-{suffix}"),
+            group: format!("ingest-{name}-{}", devstack::database::unique_suffix()),
             topic,
-            pool,
+            pool: database.pool.clone(),
             dir: tempfile::tempdir().expect("tempdir"),
+            _topic: handle,
+            _database: database,
+            broker,
+            postgres,
         }
+    }
+
+    /// The test's private broker (see [`Private`]).
+    pub fn broker(&mut self) -> &mut PrivateBroker {
+        self.broker
+            .as_mut()
+            .expect("this TestStack has no private broker: use TestStack::with(.., Private { broker: true, .. })")
+    }
+
+    /// The test's private Postgres (see [`Private`]).
+    pub fn postgres(&mut self) -> &mut PrivatePostgres {
+        self.postgres
+            .as_mut()
+            .expect("this TestStack has no private Postgres: use TestStack::with(.., Private { postgres: true, .. })")
     }
 
     /// The one number `sql` selects (a `count(*)`, a `sum(…)::bigint`).
@@ -157,18 +213,4 @@ impl TestStack {
         }
         landed
     }
-}
-
-async fn schema_pool(url: &str) -> PgPool {
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect(url)
-        .await
-        .expect("connect test database");
-    // The same migrations every service applies at start-up.
-    sqlx::migrate!("../migrations")
-        .run(&pool)
-        .await
-        .expect("migrate");
-    pool
 }

@@ -171,7 +171,7 @@ fn archiver(
     for (k, v) in extra {
         env.insert((*k).into(), (*v).into());
     }
-    Service::start(name, "archiver", &[], env, stack.dir.path())
+    Service::start(name, "archiver", &[], env, stack.dir.path()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 async fn archive_offsets(stack: &TestStack, group: &str) -> BTreeMap<i32, i64> {
@@ -380,7 +380,8 @@ async fn every_valid_message_is_archived_exactly_once_across_sigkills() {
             // Once, the new process crashes between writing a batch's files
             // and committing them: they are orphans, and the batch is redone.
             let crash = if i == 3 { "1" } else { "0" };
-            svc.restart_with(&[("ARCHIVE_TEST_CRASH_AFTER_WRITE", crash)]);
+            svc.restart_with(&[("ARCHIVE_TEST_CRASH_AFTER_WRITE", crash)])
+                .unwrap_or_else(|e| panic!("{e}"));
         }
         if i == 4 {
             // It crashes once it has joined and written a batch; then it comes back.
@@ -395,7 +396,8 @@ async fn every_valid_message_is_archived_exactly_once_across_sigkills() {
             }
             svc.kill9().await;
             crashes += 1;
-            svc.restart_with(&[("ARCHIVE_TEST_CRASH_AFTER_WRITE", "0")]);
+            svc.restart_with(&[("ARCHIVE_TEST_CRASH_AFTER_WRITE", "0")])
+                .unwrap_or_else(|e| panic!("{e}"));
         }
         // Two archivers in one group for a while: the offsets CAS keeps a
         // zombie's batch out of the manifest.
@@ -418,7 +420,7 @@ async fn every_valid_message_is_archived_exactly_once_across_sigkills() {
     tokio::time::sleep(Duration::from_millis(rng.random_range(0..1500))).await;
     svc.kill9().await;
     kills += 1;
-    svc.restart();
+    svc.restart().unwrap_or_else(|e| panic!("{e}"));
     wait_archived(&stack, &group, &ends, &svc).await;
     let status = svc.terminate(Duration::from_secs(30)).await.unwrap();
     assert!(status.success(), "exit {status}:\n{}", svc.log_tail());
@@ -526,7 +528,8 @@ async fn a_due_day_is_dropped_only_once_the_archive_passes_its_barrier() {
         format!("127.0.0.1:{}", free_port()),
     );
     env.insert("INGEST_LINGER_MS".into(), "50".into());
-    let mut ingest = Service::start("ingest", "ingest", &[], env, stack.dir.path());
+    let mut ingest = Service::start("ingest", "ingest", &[], env, stack.dir.path())
+        .unwrap_or_else(|e| panic!("{e}"));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let (n,): (i64,) =
@@ -662,7 +665,8 @@ async fn bad_archiver_settings_exit_non_zero_naming_the_setting() {
 async fn orphans_are_never_listed_and_gc_deletes_only_those_the_offsets_passed() {
     use ingest::archive::manifest::{self, Entry, Outcome};
     use ingest::archive::{store, verify};
-    let (_, pool) = tests::stack::fresh_database("orphans").await;
+    let fresh_db = tests::stack::fresh_database("orphans").await;
+    let pool = fresh_db.pool.clone();
     let dir = tempfile::tempdir().unwrap();
     let store = store::open(dir.path().to_str().unwrap()).unwrap();
     let key = ingest::offsets::ConsumerKey {

@@ -53,7 +53,8 @@ impl Billing {
 }
 
 async fn start() -> Billing {
-    let (url, pool) = fresh_database("billing").await;
+    let fresh_db = fresh_database("billing").await;
+    let (url, pool) = (fresh_db.url.clone(), fresh_db.pool.clone());
     for (tenant, mode, shadow, tz) in [
         ("p1-team", "per_gpu_second", false, "America/New_York"),
         ("p5-team", "per_gpu_second", false, "America/New_York"),

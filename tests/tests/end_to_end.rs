@@ -50,7 +50,8 @@ async fn start_all(stack: &TestStack) -> Running {
     );
     env.insert("INGEST_LINGER_MS".into(), "50".into());
     let log_dir = stack.dir.path();
-    let mut gateway = Service::start("gateway", "gateway-lite", &[], env.clone(), log_dir);
+    let mut gateway = Service::start("gateway", "gateway-lite", &[], env.clone(), log_dir)
+        .unwrap_or_else(|e| panic!("{e}"));
     let gateway_url = format!("http://127.0.0.1:{gw_port}");
     wait_healthy(
         &format!("{gateway_url}/healthz"),
@@ -58,8 +59,10 @@ async fn start_all(stack: &TestStack) -> Running {
         Duration::from_secs(60),
     )
     .await;
-    let ingest = Service::start("ingest", "ingest", &[], env.clone(), log_dir);
-    let mut billing = Service::start("billing", "billing-api", &[], env, log_dir);
+    let ingest = Service::start("ingest", "ingest", &[], env.clone(), log_dir)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut billing = Service::start("billing", "billing-api", &[], env, log_dir)
+        .unwrap_or_else(|e| panic!("{e}"));
     let billing_url = format!("http://127.0.0.1:{billing_port}");
     wait_healthy(
         &format!("{billing_url}/healthz"),
@@ -348,7 +351,8 @@ async fn gateway_sigkill_loses_no_answered_event() {
     // The broker is unreachable at first: every answered request's event can
     // only be in the outbox when the gateway is killed.
     env.insert("KAFKA_BROKERS".into(), format!("127.0.0.1:{}", free_port()));
-    let mut gateway = Service::start("gateway", "gateway-lite", &[], env, stack.dir.path());
+    let mut gateway = Service::start("gateway", "gateway-lite", &[], env, stack.dir.path())
+        .unwrap_or_else(|e| panic!("{e}"));
     let url = format!("http://127.0.0.1:{port}");
     wait_healthy(
         &format!("{url}/healthz"),
@@ -372,7 +376,8 @@ async fn gateway_sigkill_loses_no_answered_event() {
         format!("127.0.0.1:{}", free_port()),
     );
     ingest_env.insert("INGEST_LINGER_MS".into(), "50".into());
-    let ingest = Service::start("ingest", "ingest", &[], ingest_env, stack.dir.path());
+    let ingest = Service::start("ingest", "ingest", &[], ingest_env, stack.dir.path())
+        .unwrap_or_else(|e| panic!("{e}"));
     wait_for(&stack, &told, &gateway, &ingest).await;
 
     // Killed again just after the relay published everything: the deletions
@@ -397,7 +402,9 @@ async fn gateway_sigkill_loses_no_answered_event() {
 /// SIGKILLs the gateway and starts it again, now with the broker.
 async fn kill_and_restart(gateway: &mut Service, url: &str, brokers: &str) {
     gateway.kill9().await;
-    gateway.restart_with(&[("KAFKA_BROKERS", brokers)]);
+    gateway
+        .restart_with(&[("KAFKA_BROKERS", brokers)])
+        .unwrap_or_else(|e| panic!("{e}"));
     wait_healthy(&format!("{url}/healthz"), gateway, Duration::from_secs(60)).await;
 }
 
@@ -522,7 +529,7 @@ async fn gateway_sigkill_mid_traffic_bills_each_answered_request_once() {
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(800)).await;
         gateway.kill9().await;
-        gateway.restart_with(&[]);
+        gateway.restart_with(&[]).unwrap_or_else(|e| panic!("{e}"));
         wait_healthy(
             &format!("{url}/healthz"),
             &mut gateway,

@@ -75,7 +75,8 @@ impl Billing {
 }
 
 async fn start() -> Billing {
-    let (url, pool) = fresh_database("focus").await;
+    let fresh_db = fresh_database("focus").await;
+    let (url, pool) = (fresh_db.url.clone(), fresh_db.pool.clone());
     for (tenant, name, mode, shadow, tz) in [
         ("acme-corp", "Acme Corp", "per_token", false, "UTC"),
         ("tokyo-lab", "Tokyo Lab", "per_token", false, "Asia/Tokyo"),

@@ -75,7 +75,7 @@ async fn retry_with_the_same_key_is_answered_once_and_billed_once() {
     // The answers outlive the gateway: after a SIGKILL and a restart, a
     // retry is still answered from the store, not run and billed again.
     gateway.kill9().await;
-    gateway.restart();
+    gateway.restart().unwrap_or_else(|e| panic!("{e}"));
     wait_healthy(
         &format!("{url}/healthz"),
         &mut gateway,

@@ -3,8 +3,8 @@
 //! its outbox grows, and once the broker is back every answered request is
 //! billed exactly once.
 //!
-//! This test stops the shared broker (`scripts/stack.sh stop-broker`), so it
-//! is alone in its test binary: no other test of this file can run beside it.
+//! The broker is the test's own (a private Nisshi on a free port), so
+//! stopping it touches no other test.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tests::gateway::{outbox_depth, seed_tenant, start_gateway, start_ingest, wait_for, Told};
+use tests::stack::Private;
 use tests::TestStack;
 
 const TENANTS: [&str; 5] = [
@@ -21,45 +22,8 @@ const TENANTS: [&str; 5] = [
     "outage-research",
     "outage-codegen",
 ];
-const STACK_SH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/stack.sh");
-
 fn key(tenant: &str) -> String {
     format!("sk-test-{tenant}-0001")
-}
-
-fn stack_sh(command: &str) {
-    let out = std::process::Command::new("bash")
-        .args([STACK_SH, command])
-        .output()
-        .expect("run scripts/stack.sh");
-    assert!(
-        out.status.success(),
-        "scripts/stack.sh {command} failed (this test needs the broker that stack.sh manages):\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Stops the broker; starts it again when dropped, whether the test passed or not.
-struct BrokerOutage;
-
-impl BrokerOutage {
-    fn begin() -> Self {
-        stack_sh("stop-broker");
-        Self
-    }
-}
-
-impl Drop for BrokerOutage {
-    fn drop(&mut self) {
-        // No assert here: a panic while unwinding would abort the test binary.
-        let status = std::process::Command::new("bash")
-            .args([STACK_SH, "start-broker"])
-            .status();
-        if !matches!(status, Ok(s) if s.success()) {
-            eprintln!("scripts/stack.sh start-broker failed: {status:?}");
-        }
-    }
 }
 
 /// What the clients were told, and the request ids they got.
@@ -118,7 +82,14 @@ async fn client_loop(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_down_during_traffic_loses_nothing() {
-    let stack = TestStack::new("kafkaout").await;
+    let mut stack = TestStack::with(
+        "kafkaout",
+        Private {
+            broker: true,
+            ..Private::default()
+        },
+    )
+    .await;
     for tenant in TENANTS {
         seed_tenant(&stack, tenant, &key(tenant), Default::default()).await;
     }
@@ -147,7 +118,7 @@ async fn kafka_down_during_traffic_loses_nothing() {
     let before_outage = answered.load(Ordering::Relaxed);
     assert!(before_outage > 0, "traffic flows before the outage");
 
-    let outage = BrokerOutage::begin();
+    stack.broker().stop().await;
     // Let whatever was acknowledged before the stop be deleted from the outbox.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let depth_start = outbox_depth(&url).await;
@@ -164,7 +135,11 @@ async fn kafka_down_during_traffic_loses_nothing() {
         depth_end >= depth_start + during,
         "the outbox holds every event answered during the outage: depth {depth_start} -> {depth_end}, {during} answered"
     );
-    drop(outage); // the broker starts again
+    stack
+        .broker()
+        .restart()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);

@@ -53,7 +53,8 @@ async fn http_upstream_usage_and_gpu_time_add_up() {
     let mut env = HashMap::new();
     env.insert("ENGINE_ADDR".to_owned(), format!("127.0.0.1:{engine_port}"));
     env.insert("ENGINE_SPEEDUP".to_owned(), "20".to_owned());
-    let mut engine = Service::start("engine", "engine", &[], env, stack.dir.path());
+    let mut engine = Service::start("engine", "engine", &[], env, stack.dir.path())
+        .unwrap_or_else(|e| panic!("{e}"));
     let engine_url = format!("http://127.0.0.1:{engine_port}");
     wait_healthy(
         &format!("{engine_url}/health"),

@@ -19,7 +19,7 @@ async fn assert_stops_on_sigterm(mut svc: Service) {
     assert!(
         status.success(),
         "{} did not exit cleanly on SIGTERM ({status}):\n{}",
-        svc.name,
+        svc.name(),
         svc.log_tail()
     );
 }
@@ -32,7 +32,8 @@ async fn engine_finishes_a_stream_in_flight_then_exits_0_on_sigterm() {
         ("ENGINE_ADDR".to_owned(), format!("127.0.0.1:{port}")),
         ("ENGINE_SPEEDUP".to_owned(), "1".to_owned()),
     ]);
-    let mut svc = Service::start("engine", "engine", &[], env, dir.path());
+    let mut svc =
+        Service::start("engine", "engine", &[], env, dir.path()).unwrap_or_else(|e| panic!("{e}"));
     let url = format!("http://127.0.0.1:{port}");
     wait_healthy(&format!("{url}/health"), &mut svc, Duration::from_secs(30)).await;
     // A real-time stream of ~60 tokens: still running when SIGTERM comes.
@@ -64,14 +65,16 @@ async fn engine_finishes_a_stream_in_flight_then_exits_0_on_sigterm() {
 
 #[tokio::test]
 async fn billing_api_exits_0_on_sigterm() {
-    let (url, _pool) = fresh_database("sigterm_billing").await;
+    let fresh_db = fresh_database("sigterm_billing").await;
+    let url = fresh_db.url.clone();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let env = HashMap::from([
         ("DATABASE_URL".to_owned(), url),
         ("BILLING_ADDR".to_owned(), format!("127.0.0.1:{port}")),
     ]);
-    let mut svc = Service::start("billing", "billing-api", &[], env, dir.path());
+    let mut svc = Service::start("billing", "billing-api", &[], env, dir.path())
+        .unwrap_or_else(|e| panic!("{e}"));
     wait_healthy(
         &format!("http://127.0.0.1:{port}/healthz"),
         &mut svc,
@@ -83,13 +86,15 @@ async fn billing_api_exits_0_on_sigterm() {
 
 #[tokio::test]
 async fn rollup_exits_0_on_sigterm() {
-    let (url, _pool) = fresh_database("sigterm_rollup").await;
+    let fresh_db = fresh_database("sigterm_rollup").await;
+    let url = fresh_db.url.clone();
     let dir = tempfile::tempdir().unwrap();
     let env = HashMap::from([
         ("DATABASE_URL".to_owned(), url),
         ("ROLLUP_REQUIRE_ARCHIVE".to_owned(), "false".to_owned()),
     ]);
-    let svc = Service::start("rollup", "rollup", &["run"], env, dir.path());
+    let svc = Service::start("rollup", "rollup", &["run"], env, dir.path())
+        .unwrap_or_else(|e| panic!("{e}"));
     // Let it connect and run its first tick.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_stops_on_sigterm(svc).await;

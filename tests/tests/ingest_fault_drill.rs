@@ -6,11 +6,11 @@
 //! request_log must hold each valid request once, and every bad message must
 //! be in dead_letters with the right reason.
 //!
-//! This file holds one test on purpose: it restarts Postgres, so nothing else
-//! may run beside it (cargo runs test binaries one after another).
+//! The broker and Postgres are the test's own (private instances on free
+//! ports; the broker keeps its log in that Postgres, so the Postgres crash
+//! hits the broker's storage too), so the drill runs beside other tests.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DurationRound, TimeDelta, Utc};
@@ -18,6 +18,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rust_decimal::Decimal;
 use tests::process::free_port;
+use tests::stack::Private;
 use tests::{Service, TestStack};
 use usage_contract::{FinishReason, RequestId, UsageEvent};
 
@@ -29,19 +30,6 @@ const TENANTS: [(&str, i16); 5] = [
     ("codegen-platform", 1),
 ];
 const MODELS: [&str; 2] = ["llama-3.1-8b", "llama-3.1-70b"];
-
-fn stack_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/stack.sh")
-}
-
-fn stack_command(what: &str) {
-    let status = std::process::Command::new("bash")
-        .arg(stack_script())
-        .arg(what)
-        .status()
-        .expect("run scripts/stack.sh");
-    assert!(status.success(), "scripts/stack.sh {what} failed");
-}
 
 fn event(rng: &mut StdRng, n: usize) -> UsageEvent {
     let (tenant, priority) = TENANTS[n % TENANTS.len()];
@@ -172,7 +160,14 @@ async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() 
         .unwrap_or(20_000);
     println!("fault drill: seed {seed}, {total} events (DRILL_SEED / DRILL_EVENTS to repeat)");
     let mut rng = StdRng::seed_from_u64(seed);
-    let stack = TestStack::new("drill").await;
+    let mut stack = TestStack::with(
+        "drill",
+        Private {
+            broker: true,
+            postgres: true,
+        },
+    )
+    .await;
     for (tenant, priority) in TENANTS {
         sqlx::query(
             "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
@@ -251,13 +246,14 @@ async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() 
     let mut env = stack.env();
     env.insert("INGEST_MAX_BATCH".into(), "2000".into());
     env.insert("INGEST_LINGER_MS".into(), "100".into());
+    let log_dir = stack.dir.path().to_path_buf();
     let start = |name: &str, env: &HashMap<String, String>| {
         let mut env = env.clone();
         env.insert(
             "INGEST_METRICS_ADDR".into(),
             format!("127.0.0.1:{}", free_port()),
         );
-        Service::start(name, "ingest", &[], env, stack.dir.path())
+        Service::start(name, "ingest", &[], env, &log_dir).unwrap_or_else(|e| panic!("{e}"))
     };
     let producer = stack.producer();
     let chunks: Vec<&[(String, Vec<u8>)]> = messages.chunks(messages.len() / 6 + 1).collect();
@@ -268,25 +264,35 @@ async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() 
     a.kill9().await;
     println!("killed ingest-a");
     stack.produce(&producer, chunks[1]).await;
-    a.restart();
+    a.restart().unwrap_or_else(|e| panic!("{e}"));
     let mut b = start("ingest-b", &env);
     println!("two consumers share the topic");
     stack.produce(&producer, chunks[2]).await;
     tokio::time::sleep(Duration::from_millis(rng.random_range(2_000..6_000))).await;
     b.kill9().await;
     println!("killed ingest-b");
-    stack_command("restart-broker");
-    println!("restarted the broker");
+    stack.broker().kill9().await;
+    stack
+        .broker()
+        .restart()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    println!("killed and restarted the broker");
     stack.produce(&producer, chunks[3]).await;
     tokio::time::sleep(Duration::from_millis(rng.random_range(500..3_000))).await;
     a.kill9().await;
     println!("killed ingest-a again");
-    a.restart();
-    b.restart();
+    a.restart().unwrap_or_else(|e| panic!("{e}"));
+    b.restart().unwrap_or_else(|e| panic!("{e}"));
     stack.produce(&producer, chunks[4]).await;
     tokio::time::sleep(Duration::from_millis(rng.random_range(500..2_000))).await;
-    stack_command("restart-postgres");
-    println!("restarted postgres");
+    stack.postgres().kill_all().await;
+    stack
+        .postgres()
+        .restart()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    println!("killed and restarted postgres");
     for chunk in &chunks[5..] {
         stack.produce(&producer, chunk).await;
     }

@@ -67,7 +67,7 @@ fn ingest(stack: &TestStack, extra: &[(&str, &str)]) -> Service {
     for (k, v) in extra {
         env.insert((*k).into(), (*v).into());
     }
-    Service::start("ingest", "ingest", &[], env, stack.dir.path())
+    Service::start("ingest", "ingest", &[], env, stack.dir.path()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,7 +192,8 @@ async fn metrics_count_each_outcome() {
 
 #[tokio::test]
 async fn dead_letters_are_redriven_exactly_once_after_the_fix() {
-    let (_, pool) = tests::stack::fresh_database("redrive").await;
+    let fresh_db = tests::stack::fresh_database("redrive").await;
+    let pool = fresh_db.pool.clone();
     // Five events for a tenant nobody has created yet, and one that is broken for good.
     let mut payloads: Vec<Vec<u8>> = (1..=5).map(|n| event("late-corp", n).to_json()).collect();
     payloads.push(b"{broken".to_vec());
@@ -231,7 +232,8 @@ async fn dead_letters_are_redriven_exactly_once_after_the_fix() {
 
 #[tokio::test]
 async fn poison_bytes_are_dead_lettered_without_failing_the_batch() {
-    let (_, pool) = tests::stack::fresh_database("poison").await;
+    let fresh_db = tests::stack::fresh_database("poison").await;
+    let pool = fresh_db.pool.clone();
     add_tenant(&pool, "acme-corp").await;
     let good = event("acme-corp", 1);
     let mut nul_tenant = serde_json::to_value(event("acme-corp", 2)).unwrap();
@@ -260,7 +262,8 @@ async fn poison_bytes_are_dead_lettered_without_failing_the_batch() {
 /// attempt, and still count each new row once and each re-send as what it is.
 #[tokio::test]
 async fn a_batch_meeting_stored_ids_counts_only_the_new_rows() {
-    let (_, pool) = tests::stack::fresh_database("resend_fallback").await;
+    let fresh_db = tests::stack::fresh_database("resend_fallback").await;
+    let pool = fresh_db.pool.clone();
     add_tenant(&pool, "acme-corp").await;
     let e: Vec<UsageEvent> = (1..=6).map(|n| event("acme-corp", n)).collect();
     let mut changed = e[2].clone();
@@ -308,7 +311,7 @@ async fn a_batch_meeting_stored_ids_counts_only_the_new_rows() {
 async fn dead_letters_of_two_topics_at_one_offset_are_both_kept() {
     let stack = TestStack::new("two_topics").await;
     let second = format!("{}.second", stack.topic);
-    usage_contract::topic::create(&stack.brokers, &second, 4)
+    devstack::topic::create(&stack.brokers, &second, 4)
         .await
         .unwrap();
     let first_ingest = ingest(&stack, &[("INGEST_LINGER_MS", "50")]);
@@ -407,7 +410,8 @@ async fn dead_letters_of_two_topics_at_one_offset_are_both_kept() {
 /// from request_log) or earlier in the same batch.
 #[tokio::test]
 async fn a_conflicts_stored_version_is_the_first_event_as_canonical_json() {
-    let (_, pool) = tests::stack::fresh_database("stored_version").await;
+    let fresh_db = tests::stack::fresh_database("stored_version").await;
+    let pool = fresh_db.pool.clone();
     add_tenant(&pool, "acme-corp").await;
     // GPU-seconds at scales other than the column's six places, as any
     // producer may write them: "0.50874" and "0".

@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
+use devstack::PrivatePostgres;
 use tests::events::usage_event;
-use tests::private_pg::PrivatePostgres;
 use tests::process::free_port;
 use tests::{Service, TestStack};
 use usage_contract::UsageEvent;
@@ -72,8 +72,13 @@ async fn drill(synchronous_commit: &str) -> Vec<i64> {
         "checkpoint_timeout=3600",
         "max_wal_size=4GB",
     ])
-    .await;
-    let (url, pool) = pg.migrated_database("crash").await;
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let db = pg
+        .migrated_database("crash")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (url, pool) = (db.url.clone(), db.pool.clone());
     sqlx::query(
         "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
          VALUES ('acme-corp', 'acme-corp', 'standard', 3, 'per_token')",
@@ -96,7 +101,8 @@ async fn drill(synchronous_commit: &str) -> Vec<i64> {
     ] {
         env.insert(k.into(), v.into());
     }
-    let ingest = Service::start("ingest", "ingest", &[], env, shared.dir.path());
+    let ingest = Service::start("ingest", "ingest", &[], env, shared.dir.path())
+        .unwrap_or_else(|e| panic!("{e}"));
     let producer = shared.producer();
     let (mut sent, mut completion) = (0i64, 0i64);
     let mut lost = Vec::new();
@@ -121,9 +127,9 @@ async fn drill(synchronous_commit: &str) -> Vec<i64> {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Committed and visible: now the power goes.
-        pg.kill_all();
+        pg.kill_all().await;
         let crashed = std::time::Instant::now();
-        pg.restart().await;
+        pg.restart().await.unwrap_or_else(|e| panic!("{e}"));
         let after = totals(&url).await.expect("totals after restart");
         lost.push(sent - after.0);
         // No traffic from here on: ingest must get back to the exact

@@ -143,7 +143,8 @@ async fn every_metrics_endpoint_passes_promtool() {
         ("ENGINE_ADDR".to_owned(), format!("127.0.0.1:{engine_port}")),
         ("ENGINE_SPEEDUP".to_owned(), "20".to_owned()),
     ]);
-    let mut engine = Service::start("engine", "engine", &[], env, dir);
+    let mut engine =
+        Service::start("engine", "engine", &[], env, dir).unwrap_or_else(|e| panic!("{e}"));
     let engine_url = format!("http://127.0.0.1:{engine_port}");
     wait_healthy(
         &format!("{engine_url}/health"),
@@ -175,7 +176,8 @@ async fn every_metrics_endpoint_passes_promtool() {
         ),
         ("INGEST_LINGER_MS".to_owned(), "50".to_owned()),
     ]);
-    let mut ingest = Service::start("ingest", "ingest", &[], env, dir);
+    let mut ingest =
+        Service::start("ingest", "ingest", &[], env, dir).unwrap_or_else(|e| panic!("{e}"));
     let ingest_url = format!("http://127.0.0.1:{ingest_port}/metrics");
     wait_healthy(&ingest_url, &mut ingest, Duration::from_secs(60)).await;
 
@@ -197,7 +199,8 @@ async fn every_metrics_endpoint_passes_promtool() {
         ),
         ("ARCHIVE_LINGER_MS".to_owned(), "300".to_owned()),
     ]);
-    let mut archiver = Service::start("archiver", "archiver", &[], env, dir);
+    let mut archiver =
+        Service::start("archiver", "archiver", &[], env, dir).unwrap_or_else(|e| panic!("{e}"));
     let archiver_url = format!("http://127.0.0.1:{archiver_port}/metrics");
     wait_healthy(&archiver_url, &mut archiver, Duration::from_secs(60)).await;
 

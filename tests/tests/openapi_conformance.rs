@@ -136,7 +136,8 @@ async fn billing_api_conforms_to_its_openapi_document_for_every_role() {
         st.display()
     );
 
-    let (db_url, pool) = fresh_database("openapi").await;
+    let fresh_db = fresh_database("openapi").await;
+    let (db_url, pool) = (fresh_db.url.clone(), fresh_db.pool.clone());
     let tests::billing::BillingApi {
         service: svc,
         url,

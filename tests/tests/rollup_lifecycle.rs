@@ -41,16 +41,17 @@ fn event(started_at: DateTime<Utc>, completion: i64) -> UsageEvent {
     }
 }
 
-async fn setup(name: &str) -> (String, PgPool) {
-    let (url, pool) = fresh_database(name).await;
+/// A fresh database with tenant acme-corp; dropped with the handle.
+async fn setup(name: &str) -> devstack::Database {
+    let db = fresh_database(name).await;
     sqlx::query(
         "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
          VALUES ('acme-corp', 'Acme', 'enterprise', 5, 'per_token')",
     )
-    .execute(&pool)
+    .execute(&db.pool)
     .await
     .unwrap();
-    (url, pool)
+    db
 }
 
 /// Ingests events exactly as a batch from the topic would be.
@@ -99,7 +100,8 @@ async fn completion_in(pool: &PgPool, hour: DateTime<Utc>) -> i64 {
 
 #[tokio::test]
 async fn late_event_for_a_closed_hour_is_counted_and_marks_it_adjusted() {
-    let (_, pool) = setup("hours").await;
+    let db = setup("hours").await;
+    let pool = db.pool.clone();
     let now = Utc::now()
         .duration_trunc(TimeDelta::milliseconds(1))
         .unwrap();
@@ -142,7 +144,8 @@ async fn late_event_for_a_closed_hour_is_counted_and_marks_it_adjusted() {
 
 #[tokio::test]
 async fn expired_days_are_dropped_and_their_resends_are_not_counted_twice() {
-    let (_, pool) = setup("retention").await;
+    let db = setup("retention").await;
+    let pool = db.pool.clone();
     let today = Utc::now().date_naive();
     let old_time = (Utc::now() - TimeDelta::days(40))
         .duration_trunc(TimeDelta::milliseconds(1))
@@ -203,7 +206,8 @@ async fn set_archive_offset(pool: &PgPool, partition: i32, next: i64) {
 
 #[tokio::test]
 async fn a_due_day_is_kept_until_the_archive_passes_its_barrier() {
-    let (_, pool) = setup("barrier").await;
+    let db = setup("barrier").await;
+    let pool = db.pool.clone();
     let today = Utc::now().date_naive();
     let old_time = (Utc::now() - TimeDelta::days(40))
         .duration_trunc(TimeDelta::milliseconds(1))
@@ -274,7 +278,8 @@ async fn a_due_day_is_kept_until_the_archive_passes_its_barrier() {
 
 #[tokio::test]
 async fn without_an_archiver_due_days_are_dropped_as_they_come() {
-    let (_, pool) = setup("noarchive").await;
+    let db = setup("noarchive").await;
+    let pool = db.pool.clone();
     let old_time = (Utc::now() - TimeDelta::days(40))
         .duration_trunc(TimeDelta::milliseconds(1))
         .unwrap();
@@ -301,7 +306,8 @@ async fn without_an_archiver_due_days_are_dropped_as_they_come() {
 
 #[tokio::test]
 async fn reconcile_lists_drift_and_exits_non_zero() {
-    let (url, pool) = setup("reconcile").await;
+    let db = setup("reconcile").await;
+    let (url, pool) = (db.url.clone(), db.pool.clone());
     let now = Utc::now()
         .duration_trunc(TimeDelta::milliseconds(1))
         .unwrap();
