@@ -6,5 +6,5 @@ cd "$ROOT"
 bash scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
 . .stack/env
-cargo build --release --quiet -p billing-api --bin billing-bench
+cargo build --release --quiet -p bench --bin billing-bench
 exec target/release/billing-bench "$@"

@@ -19,12 +19,16 @@
 //! publishing to a fresh topic and deleting what the broker acknowledged,
 //! as in a deployed gateway; without it the outbox only grows.
 //!
-//! `cargo run --release -p gateway-lite --bin gateway-bench -- [rate] [seconds] [serving|plain]`
+//! ```sh
+//! cargo build --release -p bench --bin gateway-bench && . .stack/env &&
+//!   target/release/gateway-bench [rate] [seconds] [serving|plain]
+//! ```
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bench::percentiles::Percentiles;
 use engine::upstream::{RemoteModel, Upstreams};
 use engine::{CompletionRequest, ModelProfile, ServiceClass, Simulator};
 use gateway_lite::idempotency::Idempotency;
@@ -347,12 +351,11 @@ async fn pacing(client: &reqwest::Client, paced_url: &str, gateway_url: &str) ->
         "pacing: {STREAMS} streams paced in real time (ENGINE_SPEEDUP=1), gaps between SSE frames"
     )];
     let mut stats = Vec::new();
-    for (name, mut g) in ["  engine ", "  gateway"].into_iter().zip(gaps) {
-        g.sort_by(f64::total_cmp);
+    for (name, g) in ["  engine ", "  gateway"].into_iter().zip(gaps) {
         let s = Stats {
             ok: g.len(),
             errors: 0,
-            latencies_ms: g,
+            latencies_ms: Percentiles::new(g),
         };
         out.push(format!(
             "{name} gaps {:>5}  p50 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms",
@@ -385,16 +388,12 @@ fn line(name: &str, rate: u64, s: &Stats) -> String {
 struct Stats {
     ok: usize,
     errors: usize,
-    latencies_ms: Vec<f64>,
+    latencies_ms: Percentiles,
 }
 
 impl Stats {
     fn p(&self, q: f64) -> f64 {
-        if self.latencies_ms.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((self.latencies_ms.len() - 1) as f64 * q).round() as usize;
-        self.latencies_ms[i.min(self.latencies_ms.len() - 1)]
+        self.latencies_ms.at(q)
     }
 }
 
@@ -433,16 +432,17 @@ where
     let mut stats = [Stats::default(), Stats::default()];
     for (path, tasks) in tasks.into_iter().enumerate() {
         let s = &mut stats[path];
+        let mut latencies_ms = Vec::with_capacity(tasks.len());
         for t in tasks {
             match t.await {
                 Ok((true, ms)) => {
                     s.ok += 1;
-                    s.latencies_ms.push(ms);
+                    latencies_ms.push(ms);
                 }
                 _ => s.errors += 1,
             }
         }
-        s.latencies_ms.sort_by(f64::total_cmp);
+        s.latencies_ms = Percentiles::new(latencies_ms);
     }
     let [first, second] = stats;
     (first, second)

@@ -2,20 +2,20 @@
 //! 720 hours of usage_hourly (2.16M rows), next to the floor of simply
 //! scanning those rows in Postgres, in the same run.
 //!
-//! `scripts/bench-billing.sh` builds it in release and runs it against the
-//! stack's Postgres (a fresh database, dropped afterwards).
+//! `scripts/bench-billing.sh` builds it in release (`cargo build --release
+//! -p bench --bin billing-bench`) and runs `target/release/billing-bench`
+//! against the stack's Postgres (a fresh database, dropped afterwards).
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its report")]
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use bench::database::FreshDatabase;
+use bench::percentiles::Percentiles;
 use billing_api::drafts;
 use billing_api::period::Month;
 use billing_api::rating::PriceBook;
 use clap::Parser;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Executor};
 
 #[derive(Parser)]
 struct Args {
@@ -39,26 +39,15 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let base: PgConnectOptions = args.database_url.parse().context("DATABASE_URL")?;
-    let db = format!("bench_billing_{}", std::process::id());
-    let mut admin = base.clone().database("postgres").connect().await?;
-    admin
-        .execute(format!("CREATE DATABASE {db}").as_str())
-        .await?;
-    let url = base.clone().database(&db).to_url_lossy().to_string();
-    let result = run(&args, &url).await;
-    if args.keep {
-        println!("kept database {db}");
-    } else {
-        admin
-            .execute(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)").as_str())
-            .await?;
-    }
+    let name = format!("bench_billing_{}", std::process::id());
+    let db = FreshDatabase::create(&args.database_url, &name).await?;
+    let result = run(&args, &db).await;
+    db.finish(args.keep).await?;
     result
 }
 
-async fn run(args: &Args, url: &str) -> anyhow::Result<()> {
-    let pool = schema::connect(url, 4, Duration::from_secs(10)).await?;
+async fn run(args: &Args, db: &FreshDatabase) -> anyhow::Result<()> {
+    let pool = db.connect().await?;
     let book = PriceBook::from_yaml(include_str!("../../../config/price-book.yaml"))?;
     drafts::put_book(&pool, &book).await?;
     let started = Instant::now();
@@ -115,11 +104,9 @@ async fn run(args: &Args, url: &str) -> anyhow::Result<()> {
         invoices = bodies.len();
         lines = bodies.iter().map(|b| b.lines.len()).sum();
     }
-    let median = |v: &mut Vec<Duration>| {
-        v.sort();
-        v[v.len() / 2]
-    };
-    let (scan, draft) = (median(&mut scan), median(&mut draft));
+    let median =
+        |v: &[Duration]| Percentiles::new(v.iter().map(Duration::as_secs_f64).collect()).at(0.5);
+    let (scan, draft) = (median(&scan), median(&draft));
     println!();
     println!(
         "billing benchmark ({} runs, median), {} cores",
@@ -128,15 +115,12 @@ async fn run(args: &Args, url: &str) -> anyhow::Result<()> {
     );
     println!(
         "  draft invoices, all tenants : {:>8.3} s  ({invoices} invoices, {lines} lines)",
-        draft.as_secs_f64()
+        draft
     );
     println!(
         "  floor: scan usage_hourly    : {:>8.3} s  (count + sum over {rows} rows)",
-        scan.as_secs_f64()
+        scan
     );
-    println!(
-        "  drafts / floor              : {:>8.2}x",
-        draft.as_secs_f64() / scan.as_secs_f64()
-    );
+    println!("  drafts / floor              : {:>8.2}x", draft / scan);
     Ok(())
 }

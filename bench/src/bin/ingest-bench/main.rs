@@ -1,6 +1,8 @@
 //! `ingest-bench`: how fast ingest moves usage events from Kafka into
 //! Postgres, next to three ceilings it cannot beat on this machine, and how soon
-//! an event is visible. Run it with `scripts/bench-ingest.sh [flags]`.
+//! an event is visible. Run it with `scripts/bench-ingest.sh [flags]`, which
+//! builds it and the `ingest` binary it starts (`cargo build --release -p bench
+//! -p ingest`) and runs `target/release/ingest-bench`.
 //!
 //! One run, on a fresh database `bench_<random>` and a fresh 4-partition
 //! topic `bench.<random>`:
@@ -30,20 +32,17 @@ mod freshness;
 mod processes;
 mod report;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
+use bench::database::FreshDatabase;
+use bench::produce::{produce_all, producer};
 use chrono::{DateTime, TimeDelta, Utc};
 use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rdkafka::error::KafkaError;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
-use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::ClientConfig;
 use rust_decimal::Decimal;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::PgPool;
 use usage_contract::FinishReason as F;
 use usage_contract::{RequestId, UsageEvent};
 
@@ -64,7 +63,7 @@ const MODELS: [&str; 2] = ["llama-3.1-8b", "llama-3.1-70b"];
 /// The freshness producer lingers 20 ms, not 5: at a steady 2000/s, librdkafka
 /// with linger 5 ms busy-polls (measured here: ~70% of a core, against 10-20%
 /// at 20 ms), which on a small machine takes CPU from the ingest being measured.
-const FRESH_LINGER_MS: &str = "20";
+const FRESH_LINGER_MS: u32 = 20;
 
 /// Ingest throughput against the broker-read and COPY ceilings, and freshness.
 #[derive(Parser)]
@@ -146,34 +145,29 @@ async fn main() -> Result<()> {
     args.synchronous_commit = ingest.synchronous_commit;
     let mut rng = StdRng::from_os_rng();
     let suffix = format!("{:08x}", rng.random::<u32>());
-    let base: PgConnectOptions = args.database_url.parse().context("DATABASE_URL")?;
-    let db = format!("bench_{suffix}");
+    let db = FreshDatabase::create(&args.database_url, &format!("bench_{suffix}")).await?;
     // The second database takes ceiling (c)'s rows, so that the real
     // ingest meets an empty request_log in the first.
-    let tx_db = format!("{db}_tx");
-    let mut admin = base.clone().database("postgres").connect().await?;
-    for name in [&db, &tx_db] {
-        let create = format!("CREATE DATABASE {name}");
-        sqlx::query(&create).execute(&mut admin).await?;
-    }
-    let url = |name: &str| base.clone().database(name).to_url_lossy().to_string();
-    let result = run(&args, [&url(&db), &url(&tx_db)], &suffix, &mut rng).await;
-    for name in [&db, &tx_db] {
-        if args.keep {
-            println!("kept database {name}");
-        } else {
-            let drop = format!("DROP DATABASE {name} WITH (FORCE)");
-            sqlx::query(&drop).execute(&mut admin).await?;
+    let tx_db = match FreshDatabase::create(&args.database_url, &format!("bench_{suffix}_tx")).await
+    {
+        Ok(tx_db) => tx_db,
+        Err(e) => {
+            db.finish(args.keep).await?;
+            return Err(e);
         }
+    };
+    let result = run(&args, [&db, &tx_db], &suffix, &mut rng).await;
+    for db in [db, tx_db] {
+        db.finish(args.keep).await?;
     }
     result
 }
 
-/// `urls`: the database ingest writes to, and the one for ceiling (c).
-async fn run(args: &Args, urls: [&str; 2], suffix: &str, rng: &mut StdRng) -> Result<()> {
+/// `dbs`: the database ingest writes to, and the one for ceiling (c).
+async fn run(args: &Args, dbs: [&FreshDatabase; 2], suffix: &str, rng: &mut StdRng) -> Result<()> {
     let (n, load) = (args.events, std::fs::read_to_string("/proc/loadavg")?);
-    let [url, tx_url] = urls;
-    let pool = bench_database(url).await?;
+    let [db, tx_db] = dbs;
+    let pool = bench_database(db).await?;
     let topic = format!("bench.{suffix}");
     usage_contract::topic::create(&args.kafka_brokers, &topic, PARTITIONS).await?;
     let now_ms = Utc::now().timestamp_millis();
@@ -190,12 +184,9 @@ async fn run(args: &Args, urls: [&str; 2], suffix: &str, rng: &mut StdRng) -> Re
 
     println!("producing {n} events to {topic}");
     let started = Instant::now();
-    let bulk_producer = producer(&args.kafka_brokers, "5")?;
-    let mut acks = Vec::with_capacity(n);
-    for e in &events {
-        acks.push(send(&bulk_producer, &topic, &e.tenant_id, &e.to_json()).await?);
-    }
-    delivered(acks).await?;
+    let bulk_producer = producer(&args.kafka_brokers, 5, "lz4")?;
+    let messages = events.iter().map(|e| (&e.tenant_id, e.to_json()));
+    produce_all(&bulk_producer, &topic, messages).await?;
     drop(bulk_producer);
     let produce = started.elapsed();
     println!("ceiling (a): reading them back from the broker");
@@ -205,7 +196,7 @@ async fn run(args: &Args, urls: [&str; 2], suffix: &str, rng: &mut StdRng) -> Re
     drop(hashes);
     println!("ceiling (c): ingest's transactions alone, into a second database");
     let transactions = transactions_alone(
-        tx_url,
+        tx_db,
         &topic,
         &events,
         args.max_batch,
@@ -216,11 +207,9 @@ async fn run(args: &Args, urls: [&str; 2], suffix: &str, rng: &mut StdRng) -> Re
     drop(events);
 
     println!("ingest: until its offsets cover all {n} events");
-    let ingest_db: PgConnectOptions = url.parse()?;
-    let ingest_db = ingest_db.get_database().unwrap_or_default().to_owned();
-    let mut ingest = Ingests::start(args, url, &topic, suffix)?;
-    let bulk = wait_ingested(&pool, &mut ingest, n, &ingest_db).await?;
-    let metrics = ingest.scrape();
+    let mut ingest = Ingests::start(args, db.url(), &topic, suffix)?;
+    let bulk = wait_ingested(&pool, &mut ingest, n, db.name()).await?;
+    let metrics = ingest.scrape().await;
     let checks = sqlx::query_as(
         "SELECT (SELECT count(*) FROM request_log),
                 (SELECT coalesce(sum(requests), 0)::bigint FROM usage_hourly),
@@ -248,9 +237,10 @@ async fn run(args: &Args, urls: [&str; 2], suffix: &str, rng: &mut StdRng) -> Re
     report(args, &measured)
 }
 
-/// A fresh bench database with its schema and the five reference tenants.
-async fn bench_database(url: &str) -> Result<PgPool> {
-    let pool = schema::connect(url, 4, Duration::from_secs(10)).await?;
+/// The fresh bench database's pool, with its schema and the five reference
+/// tenants.
+async fn bench_database(db: &FreshDatabase) -> Result<PgPool> {
+    let pool = db.connect().await?;
     sqlx::query(
         "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
          SELECT t, t, 'standard', p, 'per_token' FROM UNNEST($1::text[], $2::smallint[]) x(t, p)",
@@ -293,38 +283,4 @@ fn event(rng: &mut StdRng, i: usize, started_at: DateTime<Utc>) -> UsageEvent {
         gateway_id: "gw-bench".into(),
         stream: false,
     }
-}
-
-/// The gateway relay's producer settings, with the given linger.
-fn producer(brokers: &str, linger_ms: &str) -> Result<FutureProducer> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", linger_ms)
-        .set("compression.type", "lz4")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()?)
-}
-
-/// Queues one message (waiting while librdkafka's queue is full).
-async fn send(p: &FutureProducer, topic: &str, key: &str, body: &[u8]) -> Result<DeliveryFuture> {
-    loop {
-        match p.send_result(FutureRecord::to(topic).key(key).payload(body)) {
-            Ok(ack) => return Ok(ack),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Err((e, _)) => return Err(e.into()),
-        }
-    }
-}
-
-async fn delivered(acks: Vec<DeliveryFuture>) -> Result<()> {
-    for ack in acks {
-        ack.await
-            .context("delivery cancelled")?
-            .map_err(|(e, _)| e)?;
-    }
-    Ok(())
 }

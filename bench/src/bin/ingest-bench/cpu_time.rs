@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::processes::cpu_seconds;
+use bench::procfs::cpu_seconds;
 
 /// CPU seconds per process, by the part of the pipeline it belongs to.
 #[derive(Debug, Default, Clone)]

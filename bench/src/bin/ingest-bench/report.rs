@@ -3,10 +3,12 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
+use bench::percentiles::Percentiles;
+use bench::prometheus::{bucket_quantile, metric};
 
 use crate::cpu_time::Part;
 use crate::freshness::Fresh;
-use crate::processes::{bucket_quantile, metric, Bulk};
+use crate::processes::Bulk;
 use crate::{Args, FRESH_LINGER_MS, PARTITIONS};
 
 /// Everything the report is made of.
@@ -66,13 +68,9 @@ pub(crate) fn report(args: &Args, r: &Measured) -> Result<()> {
     let (rows, requests, dead) = r.checks;
     let correct = rows == n as i64 && requests == n as i64 && dead == 0;
     let ok = if correct { "yes" } else { "NO" };
-    let mut fresh = r.fresh.latencies_ms.clone();
-    fresh.sort_by(f64::total_cmp);
-    let pct = |q: f64| {
-        let i = ((fresh.len().max(1) - 1) as f64 * q).round() as usize;
-        fresh.get(i).copied().unwrap_or(f64::NAN)
-    };
-    let (p50, p99, max, fresh_n, per_s) = (pct(0.5), pct(0.99), pct(1.0), fresh.len(), args.rate);
+    let fresh = Percentiles::new(r.fresh.latencies_ms.clone());
+    let (p50, p99, max) = (fresh.at(0.5), fresh.at(0.99), fresh.at(1.0));
+    let (fresh_n, per_s) = (fresh.len(), args.rate);
     let own_cpu = 100.0 * r.fresh.cpu_s / r.fresh.secs;
     let cpu_split = cpu_split(r, steady_s, n as i64 - at_first);
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());

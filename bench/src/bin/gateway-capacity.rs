@@ -9,28 +9,33 @@
 //!    the same into space only reserved with `fallocate`, to show why
 //!    segments are zero-filled.
 //! 2. The gateway's resident memory with 1,000 open streams: the real
-//!    `gateway-lite` binary (next to this one: `cargo build --release --bins`)
+//!    `gateway-lite` binary (next to this one, so built in the same profile)
 //!    with the engine in real time (`ENGINE_SPEEDUP=1`), so the streams stay
 //!    open (1,000 slots, each opening its next stream when one ends); VmRSS
-//!    from `/proc/<pid>/status`, sampled while all slots are in flight. Needs Postgres (`DATABASE_URL`,
-//!    it uses its own database `meterline_bench`) and the broker
-//!    (`KAFKA_BROKERS`, topic `usage.events.v1.bench`): `scripts/stack.sh up`.
+//!    from `/proc/<pid>/status`, sampled while all slots are in flight. Needs
+//!    Postgres (`DATABASE_URL`; a fresh database of its own, dropped at the
+//!    end) and the broker (`KAFKA_BROKERS`, topic `usage.events.v1.bench`):
+//!    `scripts/stack.sh up`.
 //!
-//! `cargo run --release -p gateway-lite --bin gateway-capacity -- [outbox seconds] [streams]`
+//! ```sh
+//! cargo build --release -p bench -p gateway-lite && . .stack/env &&
+//!   target/release/gateway-capacity [outbox seconds] [streams]
+//! ```
 
+use std::ffi::OsString;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use bench::database::FreshDatabase;
+use bench::percentiles::Percentiles;
+use bench::service::{free_addr, Service};
 use gateway_lite::outbox::Outbox;
 use serde_json::json;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection};
 
 const KEY: &str = "sk-bench-streams-0001";
 const TOPIC: &str = "usage.events.v1.bench";
-const DATABASE: &str = "meterline_bench";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -86,14 +91,9 @@ fn scratch_dir(what: &str) -> anyhow::Result<std::path::PathBuf> {
 }
 
 /// p50 and p99 of `waits`, in ms.
-fn percentiles(waits: &mut [Duration]) -> (f64, f64) {
-    waits.sort_unstable();
-    let at = |q: f64| {
-        waits
-            .get(((waits.len() as f64 * q) as usize).min(waits.len().saturating_sub(1)))
-            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
-    };
-    (at(0.50), at(0.99))
+fn percentiles(waits: &[Duration]) -> (f64, f64) {
+    let p = Percentiles::of_durations_ms(waits);
+    (p.at(0.50), p.at(0.99))
 }
 
 /// One write of `events` events and `fdatasync` at a time, into
@@ -123,7 +123,7 @@ fn disk_floor(secs: u64, zero_filled: bool, events: usize) -> anyhow::Result<Str
     let elapsed = started.elapsed().as_secs_f64();
     let _ = std::fs::remove_dir_all(&dir);
     let n = waits.len();
-    let (p50, p99) = percentiles(&mut waits);
+    let (p50, p99) = percentiles(&waits);
     Ok(format!(
         "disk floor, {events:>3} event(s) per write + fdatasync, {:<9} {:>6.0} flushes/s  (each p50 {p50:.3} ms, p99 {p99:.3} ms; {n} in {elapsed:.1} s)",
         if zero_filled { "zeroed:" } else { "reserved:" },
@@ -165,7 +165,7 @@ async fn outbox_rate(appenders: u64, secs: u64) -> anyhow::Result<String> {
     );
     drop(outbox);
     let _ = std::fs::remove_dir_all(&dir);
-    let (p50, p99) = percentiles(&mut waits);
+    let (p50, p99) = percentiles(&waits);
     Ok(format!(
         "outbox durable appends, {appenders:>4} concurrent appenders: {:>8.0} events/s  (each waited p50 {p50:.3} ms, p99 {p99:.3} ms; {n} events of {} B in {elapsed:.1} s)",
         n as f64 / elapsed,
@@ -173,15 +173,22 @@ async fn outbox_rate(appenders: u64, secs: u64) -> anyhow::Result<String> {
     ))
 }
 
+/// The gateway's memory with `streams` streams open, on a fresh database
+/// that is dropped afterwards.
 async fn stream_memory(streams: usize) -> anyhow::Result<String> {
-    let exe = std::env::current_exe()?;
-    let bin = exe.with_file_name("gateway-lite");
-    anyhow::ensure!(
-        bin.exists(),
-        "{} not found: cargo build --release --bins",
-        bin.display()
-    );
-    let database_url = bench_database().await?;
+    // Before anything is created: fail at once if the binary is not built.
+    bench::service::binary("gateway-lite", "gateway-lite")?;
+    let server = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/meterline".into());
+    let name = format!("bench_capacity_{}", std::process::id());
+    let db = FreshDatabase::create(&server, &name).await?;
+    let result = serve_streams(streams, &db).await;
+    db.finish(false).await?;
+    result
+}
+
+/// [`stream_memory`] on the database `db`.
+async fn serve_streams(streams: usize, db: &FreshDatabase) -> anyhow::Result<String> {
     let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
     usage_contract::topic::create(&brokers, TOPIC, 1).await?;
     let dir = std::env::temp_dir().join(format!("gateway-capacity-{}-rss", std::process::id()));
@@ -206,27 +213,36 @@ async fn stream_memory(streams: usize) -> anyhow::Result<String> {
 "
         ),
     )?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let log = std::fs::File::create(dir.join("gateway.log"))?;
-    let mut gateway = tokio::process::Command::new(&bin)
-        .env("DATABASE_URL", &database_url)
-        .env("KAFKA_BROKERS", &brokers)
-        .env("GATEWAY_TOPIC", TOPIC)
-        .env("GATEWAY_ADDR", format!("127.0.0.1:{port}"))
-        .env("GATEWAY_OUTBOX", dir.join("outbox"))
-        .env("GATEWAY_TENANTS_FILE", &tenants)
-        .env("GATEWAY_GLOBAL_RPS", "0")
-        .env("ENGINE_SPEEDUP", "1")
-        .env("RUST_LOG", "warn")
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("start {}", bin.display()))?;
-    let pid = gateway.id().context("gateway pid")?;
-    let base = format!("http://127.0.0.1:{port}");
+    let addr = free_addr()?;
+    let env: [(&str, OsString); 9] = [
+        ("DATABASE_URL", db.url().into()),
+        ("KAFKA_BROKERS", brokers.into()),
+        ("GATEWAY_TOPIC", TOPIC.into()),
+        ("GATEWAY_ADDR", addr.to_string().into()),
+        ("GATEWAY_OUTBOX", dir.join("outbox").into()),
+        ("GATEWAY_TENANTS_FILE", tenants.into()),
+        ("GATEWAY_GLOBAL_RPS", "0".into()),
+        ("ENGINE_SPEEDUP", "1".into()),
+        ("RUST_LOG", "warn".into()),
+    ];
+    let log = dir.join("gateway.log");
+    let mut gateway = Service::start("gateway-lite", "gateway-lite", env, &log)?;
+    let result = sample_memory(streams, &format!("http://{addr}"), &mut gateway).await;
+    gateway.kill().await;
+    if result.is_ok() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+/// Opens `streams` stream slots against the gateway at `base` and samples
+/// its memory while they are in flight.
+async fn sample_memory(
+    streams: usize,
+    base: &str,
+    gateway: &mut Service,
+) -> anyhow::Result<String> {
+    let pid = gateway.pid();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(streams)
         .build()?;
@@ -240,9 +256,7 @@ async fn stream_memory(streams: usize) -> anyhow::Result<String> {
         {
             break;
         }
-        if let Some(status) = gateway.try_wait()? {
-            anyhow::bail!("gateway exited with {status}; see {}", dir.display());
-        }
+        gateway.check_running()?;
         anyhow::ensure!(Instant::now() < deadline, "gateway not healthy within 60 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -257,7 +271,7 @@ async fn stream_memory(streams: usize) -> anyhow::Result<String> {
         .send()
         .await?;
     warm.bytes().await?;
-    let idle = rss_kib(pid, "VmRSS")?;
+    let idle = kib(pid, "VmRSS:")?;
 
     // Each slot holds one stream open and opens the next as soon as it ends
     // (the simulator's answers run 16 to 600 tokens, so some end early).
@@ -266,7 +280,7 @@ async fn stream_memory(streams: usize) -> anyhow::Result<String> {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut tasks = Vec::with_capacity(streams);
     for slot in 0..streams as u64 {
-        let (client, base) = (client.clone(), base.clone());
+        let (client, base) = (client.clone(), base.to_owned());
         let (in_flight, opened, stop) = (in_flight.clone(), opened.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let mut seed = slot << 32;
@@ -298,7 +312,7 @@ async fn stream_memory(streams: usize) -> anyhow::Result<String> {
     let (mut peak, mut min_in_flight, mut min_active) = (0, u64::MAX, f64::MAX);
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        peak = peak.max(rss_kib(pid, "VmRSS")?);
+        peak = peak.max(kib(pid, "VmRSS:")?);
         min_in_flight = min_in_flight.min(in_flight.load(Ordering::Relaxed));
         let metrics = client
             .get(format!("{base}/metrics"))
@@ -313,15 +327,12 @@ async fn stream_memory(streams: usize) -> anyhow::Result<String> {
             .sum();
         min_active = min_active.min(active);
     }
-    let hwm = rss_kib(pid, "VmHWM")?;
+    let hwm = kib(pid, "VmHWM:")?;
     stop.store(true, Ordering::Relaxed);
     let failed = tasks.iter().any(|t| t.is_finished());
     for t in &tasks {
         t.abort();
     }
-    let _ = gateway.start_kill();
-    let _ = gateway.wait().await;
-    let _ = std::fs::remove_dir_all(&dir);
     anyhow::ensure!(!failed, "a stream slot failed while memory was sampled");
     Ok(format!(
         "gateway resident memory, {streams} stream slots (ENGINE_SPEEDUP=1, llama-3.1-8b): VmRSS {:.1} MiB (idle {:.1} MiB, VmHWM {:.1} MiB; while sampling at least {min_in_flight} streams in flight, gateway_active_requests >= {min_active})",
@@ -351,36 +362,8 @@ async fn one_stream(client: &reqwest::Client, base: &str, seed: u64) -> anyhow::
     Ok(())
 }
 
-/// A field of `/proc/<pid>/status` in KiB.
-fn rss_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+/// A field of `/proc/<pid>/status` in KiB (`VmRSS:`).
+fn kib(pid: u32, field: &str) -> anyhow::Result<u64> {
+    bench::procfs::status_kib(pid, field)
         .with_context(|| format!("no {field} in /proc/{pid}/status"))
-}
-
-/// `DATABASE_URL` with the database switched to `meterline_bench` (created if missing).
-async fn bench_database() -> anyhow::Result<String> {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/meterline".into());
-    let base: PgConnectOptions = url.parse().context("DATABASE_URL")?;
-    let mut admin = base
-        .clone()
-        .database("postgres")
-        .connect()
-        .await
-        .context("cannot reach Postgres: scripts/stack.sh up, or set DATABASE_URL")?;
-    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
-        .bind(DATABASE)
-        .fetch_optional(&mut admin)
-        .await?;
-    if exists.is_none() {
-        sqlx::query(&format!("CREATE DATABASE {DATABASE}"))
-            .execute(&mut admin)
-            .await?;
-    }
-    admin.close().await?;
-    Ok(base.database(DATABASE).to_url_lossy().to_string())
 }

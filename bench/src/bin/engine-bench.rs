@@ -5,7 +5,7 @@
 //! prompts), and prints simulated requests per CPU-second, the simulated
 //! time covered, and peak memory (VmHWM).
 //!
-//! `cargo run --release -p engine --bin engine-bench -- [rounds]`
+//! `cargo build --release -p bench --bin engine-bench && target/release/engine-bench [rounds]`
 
 use std::io::Write as _;
 
@@ -71,14 +71,8 @@ fn cpu_nanos() -> anyhow::Result<u64> {
 }
 
 fn vm_hwm() -> String {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM"))
-                .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
-        })
-        .unwrap_or_else(|| "unknown".into())
+    bench::procfs::status_kib(std::process::id(), "VmHWM:")
+        .map_or_else(|| "unknown".into(), |kib| format!("{kib} kB"))
 }
 
 fn main() -> anyhow::Result<()> {

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
+use bench::database::FreshDatabase;
 use chrono::{DateTime, SecondsFormat, Utc};
 use ingest::batch::{split, Decoded, RawMessage};
 use ingest::offsets::ConsumerKey;
@@ -44,14 +45,14 @@ fn share_of(partition: i32, streams: i32) -> i32 {
 /// `max_batch` up front, and only the commits (day partitions included, as
 /// ingest does) are timed.
 pub(crate) async fn transactions_alone(
-    url: &str,
+    db: &FreshDatabase,
     topic: &str,
     events: &[UsageEvent],
     max_batch: usize,
     streams: i32,
     synchronous_commit: SynchronousCommit,
 ) -> Result<Duration> {
-    let pool = bench_database(url).await?;
+    let pool = bench_database(db).await?;
     let now = Utc::now();
     let mut shares: Vec<Vec<RawMessage>> = (0..streams).map(|_| Vec::new()).collect();
     for (i, e) in events.iter().enumerate() {

@@ -12,14 +12,16 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
+use bench::procfs::cpu_seconds;
+use bench::produce::{delivered, producer, send};
 use chrono::{DateTime, Utc};
 use rand::rngs::StdRng;
 use sqlx::PgPool;
 use usage_contract::RequestId;
 use uuid::Uuid;
 
-use crate::processes::{cpu_seconds, Ingests};
-use crate::{delivered, event, millis, producer, send, Args, FRESH_LINGER_MS};
+use crate::processes::Ingests;
+use crate::{event, millis, Args, FRESH_LINGER_MS};
 
 pub(crate) struct Fresh {
     pub(crate) latencies_ms: Vec<f64>,
@@ -39,7 +41,7 @@ pub(crate) async fn freshness(
 ) -> Result<Fresh> {
     let (m, rate) = (args.fresh_events, f64::from(args.rate));
     let cpu_before = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
-    let producer = producer(&args.kafka_brokers, FRESH_LINGER_MS)?;
+    let producer = producer(&args.kafka_brokers, FRESH_LINGER_MS, "lz4")?;
     // Every bulk event started at least a minute ago: only new ids are >= this bound.
     let since = RequestId::lower_bound_at(Utc::now());
     let started = Instant::now();
