@@ -72,7 +72,9 @@ impl Database {
             .await
             .map_err(DevstackError::pg(format!("{at}: CREATE DATABASE {name}")))?;
         let options = base.database(&name);
-        let url = options.to_url_lossy().to_string();
+        // Built from the caller's URL, not `to_url_lossy` (which adds sqlx's
+        // own parameters that other clients, the broker's among them, refuse).
+        let url = postgres::with_database(server_url, &name);
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(30))

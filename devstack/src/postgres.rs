@@ -46,6 +46,18 @@ pub fn address(options: &PgConnectOptions) -> String {
     format!("{}:{}", options.get_host(), options.get_port())
 }
 
+/// The same server URL with another database.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let server = base.rsplit_once('/').map_or(base, |(s, _)| s);
+    match query {
+        Some(q) => format!("{server}/{database}?{q}"),
+        None => format!("{server}/{database}"),
+    }
+}
+
 /// Whether a server at `options` accepts a connection to database `postgres`.
 pub async fn answers(options: &PgConnectOptions) -> bool {
     options.clone().database("postgres").connect().await.is_ok()
@@ -322,5 +334,22 @@ impl PrivatePostgres {
     /// The server's log so far.
     pub fn log_tail(&self) -> String {
         process::log_tail(&self.cluster.log(), 40)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_get_another_database_and_keep_their_parameters() {
+        assert_eq!(
+            with_database("postgres://u@h:5432/meterline?sslmode=disable", "nisshi"),
+            "postgres://u@h:5432/nisshi?sslmode=disable"
+        );
+        assert_eq!(
+            with_database("postgres://u:p@h/meterline", "mt_x"),
+            "postgres://u:p@h/mt_x"
+        );
     }
 }

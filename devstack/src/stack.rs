@@ -228,7 +228,7 @@ impl StackDir {
             Origin::Reused
         } else {
             let bin = nisshi::ensure_binary()?;
-            let storage_db = replace_database(database_url, "nisshi");
+            let storage_db = postgres::with_database(database_url, "nisshi");
             ensure_database(&storage_db).await?;
             let spec = nisshi::broker_spec(
                 "nisshi broker",
@@ -479,18 +479,6 @@ async fn ensure_database(url: &str) -> Result<()> {
     Ok(())
 }
 
-/// The same server URL with another database.
-fn replace_database(url: &str, database: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let server = base.rsplit_once('/').map_or(base, |(s, _)| s);
-    match query {
-        Some(q) => format!("{server}/{database}?{q}"),
-        None => format!("{server}/{database}"),
-    }
-}
-
 /// Hides the password in a URL.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -527,10 +515,6 @@ mod tests {
             "postgres://u:***@h:5432/db"
         );
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(
-            replace_database("postgres://u@h:5432/meterline?sslmode=disable", "nisshi"),
-            "postgres://u@h:5432/nisshi?sslmode=disable"
-        );
         assert_eq!(quote("it's"), "'it'\\''s'");
     }
 }
