@@ -16,6 +16,8 @@ use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use chrono_tz::Tz;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
+use workload::fleet::Fleet;
+use workload::generator::Config;
 use workload::summary::Summary;
 use workload::tenants::Tenant;
 use workload::Generator;
@@ -86,6 +88,8 @@ pub struct Backfill<'a> {
     pub topic: String,
     pub database_url: String,
     pub events: u64,
+    /// Requests a replica runs at once (the GPU-time calibration).
+    pub concurrency: u32,
     pub seed: u64,
 }
 
@@ -98,6 +102,9 @@ pub struct Done {
     pub invoices: Vec<Invoice>,
     /// `None` when an earlier run had already finalized the month.
     pub took: Option<Duration>,
+    /// Whether billing-api shows, for every tenant, exactly the sample's
+    /// requests, tokens and GPU-seconds over the month.
+    pub exact: bool,
 }
 
 impl Backfill<'_> {
@@ -106,26 +113,37 @@ impl Backfill<'_> {
         let tenants = Tenant::reference();
         let zones: Vec<Tz> = tenants.iter().map(|t| t.zone).collect();
         let month = latest_ended_month(Utc::now(), &zones).context("no month has ended")?;
-        let sample = || Generator::reference(self.seed, month.from, month.to, self.events);
+        let sample = || {
+            let mut config = Config::reference(self.seed, month.from, month.to, self.events);
+            config.fleet = Fleet::with_concurrency(self.concurrency);
+            Generator::new(config)
+        };
         let expected = sample()?.into_summary();
         let mut invoices = Vec::new();
         for t in &tenants {
             invoices.push(self.billing.invoice(&t.name, &month.period).await?);
         }
+        let (from, to) = (rfc3339(month.from), rfc3339(month.to));
         if invoices.iter().all(|i| i.status == Status::Finalized) {
             println!(
                 "demo: {} is already finalized for every tenant (an earlier run backfilled it); skipping the backfill",
                 month.period
             );
+            let exact = self.billed_matches(&expected, &from, &to).await?;
+            if !exact {
+                println!(
+                    "demo: (that month was backfilled with other DEMO_SEED / DEMO_BACKFILL_* settings than this run's; its invoices are shown as they were finalized)"
+                );
+            }
             return Ok(Done {
                 month,
                 expected,
                 invoices,
                 took: None,
+                exact,
             });
         }
         let started = Instant::now();
-        let (from, to) = (rfc3339(month.from), rfc3339(month.to));
         if !self.billed_matches(&expected, &from, &to).await? {
             println!(
                 "demo: backfilling {}: {} events of the five reference tenants, {} to {}, through the topic {}",
@@ -147,11 +165,13 @@ impl Backfill<'_> {
                 *invoice = self.billing.finalize(&t.name, &month.period).await?;
             }
         }
+        let exact = self.billed_matches(&expected, &from, &to).await?;
         Ok(Done {
             month,
             expected,
             invoices,
             took: Some(started.elapsed()),
+            exact,
         })
     }
 

@@ -48,8 +48,12 @@ struct Cli {
     )]
     finance_token: String,
     /// Events in the backfilled month.
-    #[arg(long, env = "DEMO_BACKFILL_EVENTS", default_value_t = 1_500_000)]
+    #[arg(long, env = "DEMO_BACKFILL_EVENTS", default_value_t = 2_000_000)]
     backfill_events: u64,
+    /// Requests a replica runs at once in the backfilled month, which sets
+    /// each request's share of the replica's GPU time (see `workload::fleet`).
+    #[arg(long, env = "DEMO_BACKFILL_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    backfill_concurrency: u32,
     /// The sample's seed (the same seed gives the same month).
     #[arg(long, env = "DEMO_SEED", default_value_t = 1)]
     seed: u64,
@@ -117,6 +121,7 @@ async fn main() -> anyhow::Result<()> {
         topic: cli.topic.clone(),
         database_url: cli.database_url.clone(),
         events: cli.backfill_events,
+        concurrency: cli.backfill_concurrency,
         seed: cli.seed,
     }
     .run()
@@ -141,6 +146,12 @@ async fn main() -> anyhow::Result<()> {
     println!("demo: services are still running; stop them with: scripts/demo.sh stop");
     if !all_match {
         bail!("billed usage differs from what clients were told");
+    }
+    if !done.exact && done.took.is_some() {
+        bail!(
+            "billed usage for {} differs from the sample produced",
+            done.month.period
+        );
     }
     Ok(())
 }

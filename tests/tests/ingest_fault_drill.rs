@@ -21,53 +21,14 @@ use tests::process::free_port;
 use tests::stack::Private;
 use tests::{Service, TestStack};
 use usage_contract::{FinishReason, RequestId, UsageEvent};
+use workload::tenants::Tenant;
+use workload::Generator;
 
-const TENANTS: [(&str, i16); 5] = [
-    ("acme-corp", 5),
-    ("medai-labs", 4),
-    ("finserv-team", 3),
-    ("research-squad", 2),
-    ("codegen-platform", 1),
-];
-const MODELS: [&str; 2] = ["llama-3.1-8b", "llama-3.1-70b"];
-
-fn event(rng: &mut StdRng, n: usize) -> UsageEvent {
-    let (tenant, priority) = TENANTS[n % TENANTS.len()];
-    // Spread over the last six hours, so several hours and day partitions may be hit.
-    let started_at = Utc::now() - TimeDelta::milliseconds(rng.random_range(60_000..6 * 3_600_000));
-    let started_at = started_at
-        .duration_trunc(TimeDelta::milliseconds(1))
-        .unwrap();
-    let prompt = rng.random_range(1..8_000);
-    let finished_at = started_at + TimeDelta::milliseconds(rng.random_range(50..20_000));
-    UsageEvent {
-        schema_version: 1,
-        request_id: RequestId::at(started_at),
-        tenant_id: tenant.into(),
-        api_key_id: format!("key_{tenant}"),
-        model: MODELS[n % 2].into(),
-        model_version: "2026.10".into(),
-        priority,
-        started_at,
-        first_token_at: None,
-        finished_at,
-        prompt_tokens: prompt,
-        cached_tokens: rng.random_range(0..=prompt),
-        completion_tokens: rng.random_range(0..2_000),
-        gpu_seconds: Decimal::new(rng.random_range(1..50_000_000), 6),
-        preempted_gpu_seconds: Decimal::new(rng.random_range(0..1_000), 6),
-        finish_reason: [
-            FinishReason::Stop,
-            FinishReason::Length,
-            FinishReason::Cancelled,
-            FinishReason::Error,
-        ][rng.random_range(0..4)],
-        ttft_ms: Some(120),
-        tpot_ms: Some(8),
-        replica_id: "r0".into(),
-        gateway_id: "gw-drill".into(),
-        stream: false,
-    }
+/// A fresh id for a copy of `e` that must count as another request.
+fn another_request(e: &UsageEvent) -> UsageEvent {
+    let mut c = e.clone();
+    c.request_id = RequestId::at(c.started_at);
+    c
 }
 
 /// One usage_hourly row's figures.
@@ -168,7 +129,8 @@ async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() 
         },
     )
     .await;
-    for (tenant, priority) in TENANTS {
+    for tenant in Tenant::reference() {
+        let (tenant, priority) = (tenant.name, tenant.priority);
         sqlx::query(
             "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
              VALUES ($1, $1, 'standard', $2, 'per_token')",
@@ -181,7 +143,17 @@ async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() 
     }
 
     // The messages, in the order they will be produced, and what each must become.
-    let valid: Vec<UsageEvent> = (0..total).map(|n| event(&mut rng, n)).collect();
+    // The reference tenants' mix, spread over the last six hours so several
+    // hours and day partitions may be hit.
+    let now = Utc::now();
+    let valid: Vec<UsageEvent> = Generator::reference(
+        seed,
+        now - TimeDelta::hours(6),
+        now - TimeDelta::minutes(1),
+        total as u64,
+    )
+    .expect("the drill's sample")
+    .collect();
     let mut messages: Vec<(String, Vec<u8>)> = Vec::with_capacity(total * 12 / 10);
     let mut expected_dead: BTreeMap<String, i64> = BTreeMap::new();
     let mut bad =
@@ -219,7 +191,7 @@ async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() 
                 );
             }
             120..=124 => {
-                let mut c = event(&mut rng, n);
+                let mut c = another_request(e);
                 c.cached_tokens = c.prompt_tokens + 1;
                 bad(
                     &mut messages,
@@ -229,7 +201,7 @@ async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() 
                 );
             }
             125..=129 => {
-                let mut c = event(&mut rng, n);
+                let mut c = another_request(e);
                 c.tenant_id = "nobody-inc".into();
                 bad(
                     &mut messages,
