@@ -28,6 +28,14 @@ pub fn sample(done: &Done) {
             took.as_secs_f64()
         );
     }
+    // A month an earlier run backfilled with other settings is not this
+    // run's sample: there is nothing to compare it with.
+    if done.took.is_some() || done.exact {
+        println!(
+            "billed exactly what was produced (requests, prompt, cached and output tokens, GPU-seconds, every tenant): {}",
+            if done.exact { "yes" } else { "NO" }
+        );
+    }
 }
 
 /// Each tenant's invoice for the backfilled month, line by line.
@@ -54,32 +62,23 @@ pub fn invoices(done: &Done) {
             invoice.body.usage.gpu_seconds,
         );
         println!(
-            "  {:<44} {:>18} {:<20} {:>14}",
+            "  {:<60} {:>16} {:<20} {:>12}",
             "line", "quantity", "unit", "amount"
         );
         for line in &invoice.body.lines {
-            let description = if line.description.len() > 44 {
-                format!("{}…", &line.description[..43])
+            // Money-only lines (discounts, overhead) have no quantity to show.
+            let (quantity, unit) = if line.unit == "-" {
+                (String::new(), String::new())
             } else {
-                line.description.clone()
+                (line.quantity.to_string(), line.unit.clone())
             };
             println!(
-                "  {description:<44} {:>18} {:<20} {:>14}",
-                if line.kind == LineKind::Overhead {
-                    String::new()
-                } else {
-                    line.quantity.to_string()
-                },
-                if line.unit == "-" {
-                    String::new()
-                } else {
-                    line.unit.clone()
-                },
-                line.amount
+                "  {:<60} {quantity:>16} {unit:<20} {:>12}",
+                line.description, line.amount
             );
         }
         println!(
-            "  {:<44} {:>18} {:<20} {:>14}",
+            "  {:<60} {:>16} {:<20} {:>12}",
             format!("total {}", head.currency),
             "",
             "",
