@@ -27,9 +27,23 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// The checkout (its `.stack/` holds the demo's logs, outbox and archive).
+    /// The checkout: `config/` holds the tenants and the price book.
     #[arg(long, env = "METERLINE_ROOT", default_value = ".")]
     root: PathBuf,
+    /// The services' pid files, logs and the gateway's outbox (default `<root>/.stack/demo`).
+    #[arg(long, env = "DEMO_RUN_DIR")]
+    run_dir: Option<PathBuf>,
+    /// Where the archiver writes Parquet (default `<root>/.stack/archive`).
+    #[arg(long, env = "ARCHIVE_URL")]
+    archive_url: Option<String>,
+    #[arg(long, env = "GATEWAY_ADDR", default_value = "127.0.0.1:8080")]
+    gateway_addr: String,
+    #[arg(long, env = "BILLING_ADDR", default_value = "127.0.0.1:8082")]
+    billing_addr: String,
+    #[arg(long, env = "INGEST_METRICS_ADDR", default_value = "127.0.0.1:9101")]
+    ingest_metrics_addr: String,
+    #[arg(long, env = "ARCHIVE_METRICS_ADDR", default_value = "127.0.0.1:9102")]
+    archive_metrics_addr: String,
     #[arg(
         long,
         env = "DATABASE_URL",
@@ -80,7 +94,11 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let root = std::fs::canonicalize(&cli.root)?;
-    let run_dir = services::RunDir::new(&root)?;
+    let run_dir = services::RunDir::new(
+        &cli.run_dir
+            .clone()
+            .unwrap_or_else(|| root.join(".stack/demo")),
+    )?;
     if matches!(cli.command, Some(Command::Stop)) {
         run_dir.stop().await;
         println!("demo: services stopped");
@@ -108,13 +126,31 @@ async fn main() -> anyhow::Result<()> {
             run_dir.0.join("gateway-outbox").display().to_string(),
         ),
         ("ENGINE_SPEEDUP".into(), cli.engine_speedup.clone()),
-        ("ARCHIVE_URL".into(), path(".stack/archive")),
+        (
+            "ARCHIVE_URL".into(),
+            cli.archive_url
+                .clone()
+                .unwrap_or_else(|| path(".stack/archive")),
+        ),
         ("ARCHIVE_LINGER_MS".into(), "2000".into()),
     ]);
-    run_dir.start(&env).await?;
-    println!("demo: gateway :8080, billing-api :8082, ingest metrics :9101, archiver metrics :9102 (logs in .stack/demo/)");
+    let addrs = services::Addrs {
+        gateway: cli.gateway_addr.clone(),
+        billing: cli.billing_addr.clone(),
+        ingest_metrics: cli.ingest_metrics_addr.clone(),
+        archive_metrics: cli.archive_metrics_addr.clone(),
+    };
+    run_dir.start(&env, &addrs).await?;
+    println!(
+        "demo: gateway {}, billing-api {}, ingest metrics {}, archiver metrics {} (logs in {})",
+        addrs.gateway,
+        addrs.billing,
+        addrs.ingest_metrics,
+        addrs.archive_metrics,
+        run_dir.0.display()
+    );
 
-    let billing = client::Billing::new("http://127.0.0.1:8082", &cli.finance_token)?;
+    let billing = client::Billing::new(&format!("http://{}", addrs.billing), &cli.finance_token)?;
     let done = backfill::Backfill {
         billing: &billing,
         brokers: cli.kafka_brokers.clone(),
@@ -130,7 +166,7 @@ async fn main() -> anyhow::Result<()> {
     report::invoices(&done);
 
     let live = traffic::drive(
-        "http://127.0.0.1:8080",
+        &format!("http://{}", addrs.gateway),
         &billing,
         cli.seconds,
         cli.rate_divisor,

@@ -10,32 +10,60 @@ use std::time::Duration;
 use anyhow::Context;
 use devstack::process::{self, Detached, Spec};
 
-/// The services, in start order (stopped in the reverse order).
-const SERVICES: [(&str, &str, Option<&str>); 4] = [
-    (
-        "gateway",
-        "gateway-lite",
-        Some("http://127.0.0.1:8080/healthz"),
-    ),
-    ("ingest", "ingest", Some("http://127.0.0.1:9101/metrics")),
-    (
-        "archiver",
-        "archiver",
-        Some("http://127.0.0.1:9102/metrics"),
-    ),
-    (
-        "billing",
-        "billing-api",
-        Some("http://127.0.0.1:8082/healthz"),
-    ),
-];
+/// Where the services listen (each service's own setting, passed on).
+#[derive(Debug, Clone)]
+pub struct Addrs {
+    pub gateway: String,
+    pub billing: String,
+    pub ingest_metrics: String,
+    pub archive_metrics: String,
+}
+
+impl Addrs {
+    /// (name, binary, the address setting, its value, the health URL), in
+    /// start order (stopped in the reverse order).
+    fn services(&self) -> [(&'static str, &'static str, &'static str, &str, String); 4] {
+        [
+            (
+                "gateway",
+                "gateway-lite",
+                "GATEWAY_ADDR",
+                &self.gateway,
+                format!("http://{}/healthz", self.gateway),
+            ),
+            (
+                "ingest",
+                "ingest",
+                "INGEST_METRICS_ADDR",
+                &self.ingest_metrics,
+                format!("http://{}/metrics", self.ingest_metrics),
+            ),
+            (
+                "archiver",
+                "archiver",
+                "ARCHIVE_METRICS_ADDR",
+                &self.archive_metrics,
+                format!("http://{}/metrics", self.archive_metrics),
+            ),
+            (
+                "billing",
+                "billing-api",
+                "BILLING_ADDR",
+                &self.billing,
+                format!("http://{}/healthz", self.billing),
+            ),
+        ]
+    }
+}
+
+const NAMES: [&str; 4] = ["gateway", "ingest", "archiver", "billing"];
 
 /// Where the demo keeps its pid files, logs, outbox and archive.
 pub struct RunDir(pub PathBuf);
 
 impl RunDir {
-    pub fn new(root: &Path) -> anyhow::Result<Self> {
-        let dir = root.join(".stack/demo");
+    pub fn new(dir: &Path) -> anyhow::Result<Self> {
+        let dir = dir.to_path_buf();
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(Self(dir))
     }
@@ -52,7 +80,7 @@ impl RunDir {
     /// its outbox, ingest commits its batch, the archiver writes what it
     /// holds).
     pub async fn stop(&self) {
-        for (name, ..) in SERVICES.iter().rev() {
+        for name in NAMES.iter().rev() {
             if let Some(service) = Detached::find(name, &self.pid_file(name), &self.log(name)) {
                 service.stop(Duration::from_secs(15)).await;
             }
@@ -62,18 +90,17 @@ impl RunDir {
 
     /// Starts every service with `env` (on top of the demo's own
     /// environment) and waits until each answers.
-    pub async fn start(&self, env: &HashMap<String, String>) -> anyhow::Result<()> {
-        for (name, bin, health) in SERVICES {
+    pub async fn start(&self, env: &HashMap<String, String>, addrs: &Addrs) -> anyhow::Result<()> {
+        for (name, bin, setting, addr, health) in addrs.services() {
             let spec = Spec::new(name, process::workspace_bin(bin)?, self.log(name))
                 .envs(env.clone())
+                .envs([(setting, addr.to_owned())])
                 .envs([(
                     "RUST_LOG",
                     std::env::var("RUST_LOG").unwrap_or_else(|_| "info,rdkafka=warn".into()),
                 )]);
             let mut service = Detached::start(&spec, &self.pid_file(name))?;
-            if let Some(url) = health {
-                devstack::health::wait_http(url, &mut service, Duration::from_secs(60)).await?;
-            }
+            devstack::health::wait_http(&health, &mut service, Duration::from_secs(60)).await?;
         }
         Ok(())
     }
