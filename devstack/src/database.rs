@@ -27,6 +27,7 @@ pub struct Database {
     pub pool: PgPool,
     name: String,
     admin: PgConnectOptions,
+    kept: bool,
 }
 
 /// A random suffix that keeps parallel runs' names apart.
@@ -86,6 +87,7 @@ impl Database {
             pool,
             name,
             admin,
+            kept: false,
         })
     }
 
@@ -93,11 +95,16 @@ impl Database {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// Keeps the database when the handle is dropped (a bench's `--keep`).
+    pub fn keep(&mut self) {
+        self.kept = true;
+    }
 }
 
 impl Drop for Database {
     fn drop(&mut self) {
-        if std::env::var("METERLINE_KEEP_DATABASES").is_ok_and(|v| v == "1") {
+        if self.kept || std::env::var("METERLINE_KEEP_DATABASES").is_ok_and(|v| v == "1") {
             return;
         }
         let admin = self.admin.clone();

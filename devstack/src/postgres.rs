@@ -250,7 +250,11 @@ impl Cluster {
     }
 
     /// Waits until the server accepts connections.
-    pub async fn wait_ready(&self, service: Option<&mut dyn process::Watched>, within: Duration) -> Result<()> {
+    pub async fn wait_ready(
+        &self,
+        service: Option<&mut dyn process::Watched>,
+        within: Duration,
+    ) -> Result<()> {
         let options = self.options("postgres");
         let log = self.log();
         wait_until(

@@ -177,13 +177,23 @@ impl Service {
         }
     }
 
-    /// SIGTERM, then waits for the exit; SIGKILL after `grace`. The exit
-    /// status, or `None` if the process was not running.
-    pub async fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
-        let mut child = self.child.take()?;
-        if let Some(pid) = Pid::from_raw(child.id() as i32) {
+    /// Sends SIGTERM and returns at once (a service drains, commits what
+    /// it holds and exits); [`wait_exit`](Self::wait_exit) waits for it, so
+    /// several services can be told first and waited for together.
+    pub fn signal_term(&self) {
+        if let Some(pid) = self
+            .child
+            .as_ref()
+            .and_then(|c| Pid::from_raw(c.id() as i32))
+        {
             let _ = rustix::process::kill_process(pid, Signal::TERM);
         }
+    }
+
+    /// Waits for the exit; SIGKILL (to the group) after `grace`. The exit
+    /// status (`None` if it was not running or had to be killed).
+    pub async fn wait_exit(&mut self, grace: Duration) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
         let deadline = tokio::time::Instant::now() + grace;
         loop {
             match child.try_wait() {
@@ -192,11 +202,18 @@ impl Service {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 _ => {
-                    let _ = child.kill();
-                    return child.wait().ok();
+                    kill_group(child);
+                    return None;
                 }
             }
         }
+    }
+
+    /// SIGTERM, then waits for the exit; SIGKILL after `grace`. The exit
+    /// status, or `None` if the process was not running or was killed.
+    pub async fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        self.signal_term();
+        self.wait_exit(grace).await
     }
 
     /// Starts the same command again (after [`kill9`](Self::kill9) or
@@ -321,7 +338,11 @@ impl Detached {
 
     /// The process a pid file names, if it is alive.
     pub fn find(name: &str, pid_file: &Path, log: &Path) -> Option<Self> {
-        let pid: u32 = std::fs::read_to_string(pid_file).ok()?.trim().parse().ok()?;
+        let pid: u32 = std::fs::read_to_string(pid_file)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
         pid_alive(pid).then(|| Self {
             name: name.to_owned(),
             pid,

@@ -1,10 +1,14 @@
-//! The harness for end-to-end tests: a fresh database and topic per test,
-//! Meterline's binaries started as real processes (and killed with
-//! SIGKILL when a test says so), and helpers to produce and count.
+//! The harness for end-to-end tests, on the dev stack (crate `devstack`):
+//! a fresh database and topic per test, dropped when the test ends; private
+//! Postgres and broker instances for the tests that crash them
+//! ([`stack::Private`]); Meterline's binaries started as real processes
+//! (and SIGKILLed when a test says so); helpers to produce and count.
 //!
-//! Tests find Postgres through `DATABASE_URL` and the broker through
-//! `KAFKA_BROKERS` (`scripts/test.sh` brings both up and sets them), and
-//! the binaries next to the test executable (`cargo build --bins` first).
+//! Tests find the shared Postgres through `DATABASE_URL` and the broker
+//! through `KAFKA_BROKERS` (`scripts/test.sh` brings the stack up and sets
+//! them), and the binaries next to the test executable (`cargo build
+//! --bins` first). No test stops, kills or restarts a shared service, so
+//! test binaries run in parallel.
 
 pub mod billing;
 pub mod events;
