@@ -31,7 +31,7 @@ use sqlx::ConnectOptions;
 use crate::error::{DevstackError, Result};
 use crate::health::{port_open, wait_tcp, wait_until};
 use crate::postgres::{self, Cluster};
-use crate::process;
+use crate::process::{self, Detached};
 use crate::{database, nisshi, redis, topic};
 
 /// Where a component of the stack comes from.
@@ -238,8 +238,7 @@ impl StackDir {
                 &self.0,
                 self.path("nisshi.log"),
             );
-            let pid = process::spawn_detached(&spec)?;
-            write_file(&self.path("nisshi.pid"), &format!("{pid}\n"))?;
+            let pid = Detached::start(&spec, &self.path("nisshi.pid"))?.pid;
             wait_until(
                 "the nisshi broker",
                 &format!("TCP {brokers}; log .stack/nisshi.log"),
@@ -307,8 +306,7 @@ impl StackDir {
         let dir = self.path("redis");
         std::fs::create_dir_all(&dir).map_err(DevstackError::io(dir.display().to_string()))?;
         let spec = redis::spec("redis", redis::server_bin()?, 6379, &dir);
-        let pid = process::spawn_detached(&spec)?;
-        write_file(&self.path("redis.pid"), &format!("{pid}\n"))?;
+        let pid = Detached::start(&spec, &self.path("redis.pid"))?.pid;
         wait_tcp("redis", addr, None, Duration::from_secs(20)).await?;
         say(format!(
             "redis: started on {addr} (pid {pid}, log .stack/redis/redis.log)"
