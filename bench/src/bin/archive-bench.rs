@@ -3,34 +3,29 @@
 //! which builds it and the `archiver` binary it starts (`cargo build
 //! --release -p bench -p ingest`) and runs `target/release/archive-bench`.
 //!
-//! On a fresh database (dropped at the end) and 4-partition topic: N events
-//! of five tenants over two hours are produced; then the real `archiver`
-//! binary runs as a process, timed from its start until its offsets in
-//! Postgres cover all N, with its CPU time, peak RSS, files, bytes and
-//! commit times (from its `/metrics`). Finally every file is read back and
-//! counted.
+//! On a fresh database `mt_archive_bench_<random>` and a fresh 4-partition
+//! topic `usage.events.v1.archbench.<random>` (both dropped at the end): N
+//! events of the five reference tenants over the last two hours, from the
+//! `workload` crate's generator (seed 1: the same figures every run, the
+//! times moving with the clock), are produced in the order they started;
+//! then the real `archiver` binary runs as a process, timed from its start
+//! until its offsets in Postgres cover all N, with its CPU time, peak RSS,
+//! files, bytes and commit times (from its `/metrics`). Finally every file
+//! is read back and counted.
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its report")]
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use bench::database::FreshDatabase;
 use bench::procfs::{cpu_seconds, status_kib};
 use bench::prometheus::{bucket_quantile, metric};
-use bench::service::{free_addr, Service};
-use chrono::{DurationRound, TimeDelta, Utc};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use rust_decimal::Decimal;
-use usage_contract::{FinishReason, RequestId, UsageEvent};
+use chrono::{TimeDelta, Utc};
+use devstack::health::free_port;
+use devstack::{Database, Service, Topic};
 
-const TENANTS: [&str; 5] = [
-    "acme-corp",
-    "codegen-platform",
-    "finserv-team",
-    "medai-labs",
-    "research-squad",
-];
+/// The generator's seed.
+const SEED: u64 = 1;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -39,60 +34,28 @@ async fn main() -> anyhow::Result<()> {
         .map(|s| s.parse())
         .transpose()?
         .unwrap_or(200_000);
-    let server = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/meterline".into());
-    let suffix = format!("{:08x}", rand::random::<u32>());
-    let db = FreshDatabase::create(&server, &format!("bench_archive_{suffix}")).await?;
-    let result = run(n, &db, &suffix).await;
-    db.finish(false).await?;
-    result
+    // Dropped when the handle is, however the run ends.
+    let db = Database::fresh_on(&devstack::postgres::shared_url(), "archive_bench").await?;
+    let suffix = devstack::database::unique_suffix();
+    run(n, &db, &suffix).await
 }
 
-/// The benchmark on the fresh database `db`, with a fresh topic and
+/// The benchmark on the fresh database `db`, with a fresh topic, and a
 /// consumer group named by `suffix`.
-async fn run(n: usize, db: &FreshDatabase, suffix: &str) -> anyhow::Result<()> {
-    let pool = db.connect().await?;
-    let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
-    let topic = format!("usage.events.v1.archbench.{suffix}");
-    usage_contract::topic::create(&brokers, &topic, 4).await?;
+async fn run(n: usize, db: &Database, suffix: &str) -> anyhow::Result<()> {
+    let pool = &db.pool;
+    let brokers = devstack::topic::shared_brokers();
+    // Deleted when dropped, after the archiver stopped.
+    let topic = Topic::fresh(&brokers, "usage.events.v1.archbench", 4).await?;
+    let to = Utc::now();
+    let events = workload::Generator::reference(SEED, to - TimeDelta::hours(2), to, n as u64)?;
+    let msgs: Vec<(String, Vec<u8>)> = events.map(|e| (e.tenant_id.clone(), e.to_json())).collect();
+    anyhow::ensure!(msgs.len() == n, "the workload gave {} events", msgs.len());
     let dir = tempfile::tempdir()?;
-    let mut rng = StdRng::seed_from_u64(1);
-    let base = (Utc::now() - TimeDelta::hours(2)).duration_trunc(TimeDelta::milliseconds(1))?;
-    let msgs: Vec<(String, Vec<u8>)> = (0..n)
-        .map(|i| {
-            let at = base + TimeDelta::milliseconds(7_200_000 * i as i64 / n as i64);
-            let tenant = TENANTS[i % TENANTS.len()];
-            let prompt = rng.random_range(1..4000);
-            let e = UsageEvent {
-                schema_version: 1,
-                request_id: RequestId::at(at),
-                tenant_id: tenant.into(),
-                api_key_id: "key-1".into(),
-                model: "llama-3.1-70b".into(),
-                model_version: "2024-07".into(),
-                priority: 3,
-                started_at: at,
-                first_token_at: Some(at + TimeDelta::milliseconds(40)),
-                finished_at: at + TimeDelta::milliseconds(900),
-                prompt_tokens: prompt,
-                cached_tokens: prompt / 2,
-                completion_tokens: rng.random_range(1..2000),
-                gpu_seconds: Decimal::new(rng.random_range(1..10_000_000), 6),
-                preempted_gpu_seconds: Decimal::ZERO,
-                finish_reason: FinishReason::Stop,
-                ttft_ms: Some(40),
-                tpot_ms: Some(20),
-                replica_id: "replica-1".into(),
-                gateway_id: "gw-1".into(),
-                stream: true,
-            };
-            (tenant.to_owned(), e.to_json())
-        })
-        .collect();
     let payload_bytes: usize = msgs.iter().map(|(_, p)| p.len()).sum();
     let produced = Instant::now();
     let producer = bench::produce::producer(&brokers, 5, "none")?;
-    bench::produce::produce_all(&producer, &topic, msgs).await?;
+    bench::produce::produce_all(&producer, &topic.name, msgs).await?;
     println!(
         "== archive benchmark: {n} events ({:.1} MiB of JSON), 4 partitions, {} cores; produced in {:.2} s",
         payload_bytes as f64 / 1048576.0,
@@ -101,29 +64,32 @@ async fn run(n: usize, db: &FreshDatabase, suffix: &str) -> anyhow::Result<()> {
     );
 
     let root = dir.path().join("archive");
-    let metrics_addr = free_addr()?;
+    let metrics_addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
     let env = [
-        ("DATABASE_URL", db.url().to_owned()),
+        ("DATABASE_URL", db.url.clone()),
         ("KAFKA_BROKERS", brokers),
-        ("ARCHIVE_TOPIC", topic),
+        ("ARCHIVE_TOPIC", topic.name.clone()),
         ("ARCHIVE_GROUP", format!("archiver-bench-{suffix}")),
         ("ARCHIVE_URL", root.display().to_string()),
         ("ARCHIVE_METRICS_ADDR", metrics_addr.to_string()),
         ("ARCHIVE_LINGER_MS", "1000".into()),
     ];
-    // The archiver built next to this binary (target/<profile>/).
-    let log_path = dir.path().join("archiver.log");
+    let env = env.map(|(k, v)| (k.to_owned(), v)).into();
+    // The archiver built next to this binary (target/<profile>/), logging
+    // to archiver.log in the temporary directory.
     let started = Instant::now();
-    let mut archiver = Service::start("archiver", "ingest", env, &log_path)?;
-    let pid = archiver.pid();
+    let mut archiver = Service::start("archiver", "archiver", &[], env, dir.path())?;
+    let pid = archiver
+        .pid()
+        .ok_or_else(|| anyhow::anyhow!("the archiver has no pid"))?;
     let mut first_commit: Option<Duration> = None;
     let mut cpu = 0.0;
     let mut hwm_kib = None;
     loop {
-        archiver.check_running()?;
+        bench::check_running(&mut archiver)?;
         let (done,): (i64,) =
             sqlx::query_as("SELECT coalesce(sum(next_offset), 0)::bigint FROM archive_offsets")
-                .fetch_one(&pool)
+                .fetch_one(pool)
                 .await?;
         if done > 0 && first_commit.is_none() {
             first_commit = Some(started.elapsed());
@@ -135,25 +101,25 @@ async fn run(n: usize, db: &FreshDatabase, suffix: &str) -> anyhow::Result<()> {
         }
         anyhow::ensure!(
             started.elapsed() < Duration::from_secs(600),
-            "archiver did not finish; see {}",
-            log_path.display()
+            "archiver did not finish in 10 minutes; its log ends:\n{}",
+            archiver.log_tail()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let total = started.elapsed();
     let metrics = bench::prometheus::scrape(metrics_addr).await?;
-    archiver.stop(Duration::from_secs(30)).await;
+    archiver.terminate(Duration::from_secs(30)).await;
     let rss = hwm_kib.map_or("?".to_owned(), |kib| format!("{kib} kB"));
 
     let (files, rows, bytes): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(path), coalesce(sum(rows), 0)::bigint, coalesce(sum(bytes), 0)::bigint
          FROM archive_manifest",
     )
-    .fetch_one(&pool)
+    .fetch_one(pool)
     .await?;
     let paths: Vec<(String,)> =
         sqlx::query_as("SELECT path FROM archive_manifest WHERE path IS NOT NULL")
-            .fetch_all(&pool)
+            .fetch_all(pool)
             .await?;
     let mut read_back = 0;
     for (p,) in paths {

@@ -4,18 +4,19 @@
 //!
 //! `scripts/bench-billing.sh` builds it in release (`cargo build --release
 //! -p bench --bin billing-bench`) and runs `target/release/billing-bench`
-//! against the stack's Postgres (a fresh database, dropped afterwards).
+//! against the stack's Postgres (a fresh database `mt_billing_bench_<random>`,
+//! dropped afterwards unless `--keep`).
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its report")]
 
 use std::time::{Duration, Instant};
 
-use bench::database::FreshDatabase;
 use bench::percentiles::Percentiles;
 use billing_api::drafts;
 use billing_api::period::Month;
 use billing_api::rating::PriceBook;
 use clap::Parser;
+use devstack::Database;
 
 #[derive(Parser)]
 struct Args {
@@ -39,15 +40,18 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let name = format!("bench_billing_{}", std::process::id());
-    let db = FreshDatabase::create(&args.database_url, &name).await?;
+    // Dropped when the handle is, however the run ends (unless --keep).
+    let mut db = Database::fresh_on(&args.database_url, "billing_bench").await?;
     let result = run(&args, &db).await;
-    db.finish(args.keep).await?;
+    if args.keep {
+        db.keep();
+        println!("kept database {}", db.name());
+    }
     result
 }
 
-async fn run(args: &Args, db: &FreshDatabase) -> anyhow::Result<()> {
-    let pool = db.connect().await?;
+async fn run(args: &Args, db: &Database) -> anyhow::Result<()> {
+    let pool = db.pool.clone();
     let book = PriceBook::from_yaml(include_str!("../../../config/price-book.yaml"))?;
     drafts::put_book(&pool, &book).await?;
     let started = Instant::now();

@@ -16,8 +16,9 @@
 //! the gaps between SSE frames a client sees.
 //!
 //! With `KAFKA_BROKERS` set (source `.stack/env`), the relay runs too,
-//! publishing to a fresh topic and deleting what the broker acknowledged,
-//! as in a deployed gateway; without it the outbox only grows.
+//! publishing to a fresh topic (deleted at the end) and deleting what the
+//! broker acknowledged, as in a deployed gateway; without it the outbox
+//! only grows.
 //!
 //! ```sh
 //! cargo build --release -p bench --bin gateway-bench && . .stack/env &&
@@ -94,14 +95,15 @@ async fn main() -> anyhow::Result<()> {
     let (stop_relay, stop_rx) = tokio::sync::watch::channel(false);
     let relay = match std::env::var("KAFKA_BROKERS") {
         Ok(brokers) => {
-            let topic = format!("gateway-bench.{}", std::process::id());
-            usage_contract::topic::create(&brokers, &topic, 4).await?;
-            Some(tokio::spawn(gateway_lite::relay::run(
+            // Deleted when dropped, once the relay has stopped.
+            let topic = devstack::Topic::fresh(&brokers, "gateway-bench", 4).await?;
+            let relay = tokio::spawn(gateway_lite::relay::run(
                 outbox.clone(),
                 gateway_lite::relay::producer(&brokers)?,
-                topic,
+                topic.name.clone(),
                 stop_rx,
-            )))
+            ));
+            Some((relay, topic))
         }
         Err(_) => None,
     };
@@ -213,9 +215,10 @@ async fn main() -> anyhow::Result<()> {
         "max sustained (64 closed-loop clients): {:.0} req/s",
         total as f64 / started.elapsed().as_secs_f64()
     ));
-    if let Some(relay) = relay {
+    if let Some((relay, topic)) = relay {
         let _ = stop_relay.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(10), relay).await;
+        drop(topic);
     }
     let _ = std::fs::remove_dir_all(&dir);
     let text = out.join("\n");

@@ -13,28 +13,30 @@
 //!    with the engine in real time (`ENGINE_SPEEDUP=1`), so the streams stay
 //!    open (1,000 slots, each opening its next stream when one ends); VmRSS
 //!    from `/proc/<pid>/status`, sampled while all slots are in flight. Needs
-//!    Postgres (`DATABASE_URL`; a fresh database of its own, dropped at the
-//!    end) and the broker (`KAFKA_BROKERS`, topic `usage.events.v1.bench`):
-//!    `scripts/stack.sh up`.
+//!    Postgres (`DATABASE_URL`; a fresh database of its own,
+//!    `mt_gateway_capacity_<random>`) and the broker (`KAFKA_BROKERS`; a
+//!    fresh topic `usage.events.v1.bench.<random>`), both dropped at the
+//!    end: `scripts/stack.sh up`.
 //!
 //! ```sh
 //! cargo build --release -p bench -p gateway-lite && . .stack/env &&
 //!   target/release/gateway-capacity [outbox seconds] [streams]
 //! ```
 
-use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use bench::database::FreshDatabase;
 use bench::percentiles::Percentiles;
-use bench::service::{free_addr, Service};
+use devstack::health::{free_port, wait_http};
+use devstack::{Database, Service, Topic};
 use gateway_lite::outbox::Outbox;
 use serde_json::json;
 
 const KEY: &str = "sk-bench-streams-0001";
+/// The fresh topic's prefix.
 const TOPIC: &str = "usage.events.v1.bench";
 
 #[tokio::main]
@@ -177,20 +179,17 @@ async fn outbox_rate(appenders: u64, secs: u64) -> anyhow::Result<String> {
 /// that is dropped afterwards.
 async fn stream_memory(streams: usize) -> anyhow::Result<String> {
     // Before anything is created: fail at once if the binary is not built.
-    bench::service::binary("gateway-lite", "gateway-lite")?;
-    let server = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/meterline".into());
-    let name = format!("bench_capacity_{}", std::process::id());
-    let db = FreshDatabase::create(&server, &name).await?;
-    let result = serve_streams(streams, &db).await;
-    db.finish(false).await?;
-    result
+    devstack::process::workspace_bin("gateway-lite")?;
+    // Dropped when the handle is, however the run ends.
+    let db = Database::fresh_on(&devstack::postgres::shared_url(), "gateway_capacity").await?;
+    serve_streams(streams, &db).await
 }
 
-/// [`stream_memory`] on the database `db`.
-async fn serve_streams(streams: usize, db: &FreshDatabase) -> anyhow::Result<String> {
-    let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
-    usage_contract::topic::create(&brokers, TOPIC, 1).await?;
+/// [`stream_memory`] on the database `db`, with a fresh topic.
+async fn serve_streams(streams: usize, db: &Database) -> anyhow::Result<String> {
+    let brokers = devstack::topic::shared_brokers();
+    // Deleted when dropped, after the gateway is killed.
+    let topic = Topic::fresh(&brokers, TOPIC, 1).await?;
     let dir = std::env::temp_dir().join(format!("gateway-capacity-{}-rss", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let tenants = dir.join("tenants.yaml");
@@ -213,22 +212,23 @@ async fn serve_streams(streams: usize, db: &FreshDatabase) -> anyhow::Result<Str
 "
         ),
     )?;
-    let addr = free_addr()?;
-    let env: [(&str, OsString); 9] = [
-        ("DATABASE_URL", db.url().into()),
-        ("KAFKA_BROKERS", brokers.into()),
-        ("GATEWAY_TOPIC", TOPIC.into()),
-        ("GATEWAY_ADDR", addr.to_string().into()),
-        ("GATEWAY_OUTBOX", dir.join("outbox").into()),
-        ("GATEWAY_TENANTS_FILE", tenants.into()),
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    let env: [(&str, String); 9] = [
+        ("DATABASE_URL", db.url.clone()),
+        ("KAFKA_BROKERS", brokers),
+        ("GATEWAY_TOPIC", topic.name.clone()),
+        ("GATEWAY_ADDR", addr.to_string()),
+        ("GATEWAY_OUTBOX", dir.join("outbox").display().to_string()),
+        ("GATEWAY_TENANTS_FILE", tenants.display().to_string()),
         ("GATEWAY_GLOBAL_RPS", "0".into()),
         ("ENGINE_SPEEDUP", "1".into()),
         ("RUST_LOG", "warn".into()),
     ];
-    let log = dir.join("gateway.log");
-    let mut gateway = Service::start("gateway-lite", "gateway-lite", env, &log)?;
+    let env = env.map(|(k, v)| (k.to_owned(), v)).into();
+    // Logs to gateway-lite.log in `dir`.
+    let mut gateway = Service::start("gateway-lite", "gateway-lite", &[], env, &dir)?;
     let result = sample_memory(streams, &format!("http://{addr}"), &mut gateway).await;
-    gateway.kill().await;
+    gateway.kill9().await;
     if result.is_ok() {
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -242,24 +242,11 @@ async fn sample_memory(
     base: &str,
     gateway: &mut Service,
 ) -> anyhow::Result<String> {
-    let pid = gateway.pid();
+    let pid = gateway.pid().context("the gateway has no pid")?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(streams)
         .build()?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if client
-            .get(format!("{base}/healthz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            break;
-        }
-        gateway.check_running()?;
-        anyhow::ensure!(Instant::now() < deadline, "gateway not healthy within 60 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_http(&format!("{base}/healthz"), gateway, Duration::from_secs(60)).await?;
     // One warm-up stream, so the idle figure includes what any first request allocates.
     let warm = client
         .post(format!("{base}/v1/chat/completions"))

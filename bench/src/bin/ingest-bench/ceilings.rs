@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
-use bench::database::FreshDatabase;
 use chrono::{DateTime, SecondsFormat, Utc};
+use devstack::Database;
 use ingest::batch::{split, Decoded, RawMessage};
 use ingest::offsets::ConsumerKey;
 use ingest::store::{commit_batch, Outcome, Partitions, SynchronousCommit};
@@ -45,7 +45,7 @@ fn share_of(partition: i32, streams: i32) -> i32 {
 /// `max_batch` up front, and only the commits (day partitions included, as
 /// ingest does) are timed.
 pub(crate) async fn transactions_alone(
-    db: &FreshDatabase,
+    db: &Database,
     topic: &str,
     events: &[UsageEvent],
     max_batch: usize,
@@ -88,6 +88,7 @@ pub(crate) async fn transactions_alone(
     );
     // As after (b): don't leave ingest to pay for this run's checkpoint.
     let _ = sqlx::query("CHECKPOINT").execute(&pool).await;
+    // Its backends are not needed while ingest is measured.
     pool.close().await;
     Ok(took)
 }

@@ -117,12 +117,15 @@ mod tests {
     #[test]
     fn tells_backends_apart_by_database() {
         fn part(cmd: &str) -> Option<Part> {
-            classify(cmd, Some("nisshi"), "bench_0a1b2c3d")
+            classify(cmd, Some("nisshi"), "mt_ingest_bench_0a1b2c3d4e")
         }
         assert_eq!(part(NISSHI), Some(Part::Broker));
         let backend = |db: &str| format!("postgres: 15/main: postgres {db} 127.0.0.1(54406) idle");
         assert_eq!(part(&backend("nisshi")), Some(Part::BrokerPostgres));
-        assert_eq!(part(&backend("bench_0a1b2c3d")), Some(Part::IngestPostgres));
+        assert_eq!(
+            part(&backend("mt_ingest_bench_0a1b2c3d4e")),
+            Some(Part::IngestPostgres)
+        );
         assert_eq!(part(&backend("meterline")), Some(Part::OtherPostgres));
         assert_eq!(
             part("postgres: 15/main: walwriter "),

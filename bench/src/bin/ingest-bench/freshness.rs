@@ -14,14 +14,15 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Result};
 use bench::procfs::cpu_seconds;
 use bench::produce::{delivered, producer, send};
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use rand::rngs::StdRng;
+use rand::Rng;
 use sqlx::PgPool;
-use usage_contract::RequestId;
+use usage_contract::{RequestId, UsageEvent};
 use uuid::Uuid;
 
 use crate::processes::Ingests;
-use crate::{event, millis, Args, FRESH_LINGER_MS};
+use crate::{Args, FRESH_LINGER_MS};
 
 pub(crate) struct Fresh {
     pub(crate) latencies_ms: Vec<f64>,
@@ -30,8 +31,9 @@ pub(crate) struct Fresh {
     pub(crate) cpu_s: f64,
 }
 
-/// M events at a fixed rate, started_at = now, one send each, while
-/// [`poll_visible`] watches request_log.
+/// M events at a fixed rate, one send each, while [`poll_visible`] watches
+/// request_log. The events are the workload generator's (seed drawn from
+/// `rng`), each moved to start at the moment it is sent ([`at`]).
 pub(crate) async fn freshness(
     args: &Args,
     topic: &str,
@@ -47,11 +49,17 @@ pub(crate) async fn freshness(
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(m as f64 / rate + 120.0);
     let poller = tokio::spawn(poll_visible(pool.clone(), since, m as i64, deadline));
+    let to = Utc::now();
+    let mut events =
+        workload::Generator::reference(rng.random(), to - TimeDelta::hours(1), to, m as u64)?;
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     let (mut sent, mut acks) = (Vec::with_capacity(m), Vec::with_capacity(m));
-    for i in 0..m {
+    for _ in 0..m {
         tick.tick().await;
-        let e = event(rng, i, millis(Utc::now().timestamp_millis())?);
+        let Some(e) = events.next() else {
+            bail!("the workload gave fewer than {m} events");
+        };
+        let e = at(e, Utc::now().duration_trunc(TimeDelta::milliseconds(1))?);
         sent.push((e.request_id.as_uuid(), Instant::now()));
         acks.push(send(&producer, topic, &e.tenant_id, &e.to_json()).await?);
     }
@@ -73,6 +81,18 @@ pub(crate) async fn freshness(
         secs,
         cpu_s,
     })
+}
+
+/// Event `e` as if it had started at `started_at`: the same tenant, model
+/// and figures, its times shifted by the same amount, and a request id of
+/// that instant (so the freshness phase tells it from the bulk load's).
+fn at(mut e: UsageEvent, started_at: DateTime<Utc>) -> UsageEvent {
+    let shift = started_at - e.started_at;
+    e.started_at = started_at;
+    e.first_token_at = e.first_token_at.map(|t| t + shift);
+    e.finished_at += shift;
+    e.request_id = RequestId::at(started_at);
+    e
 }
 
 /// When each new request became visible: its batch's place in the running

@@ -4,10 +4,14 @@
 //! builds it and the `ingest` binary it starts (`cargo build --release -p bench
 //! -p ingest`) and runs `target/release/ingest-bench`.
 //!
-//! One run, on a fresh database `bench_<random>` and a fresh 4-partition
-//! topic `bench.<random>`:
-//! 1. N events of the five reference tenants are produced (idempotent,
-//!    acks=all, lz4, linger 5 ms); the produce rate is informational;
+//! One run, on a fresh database `mt_ingest_bench_<random>` and a fresh
+//! 4-partition topic `ingest-bench.<random>` (both dropped at the end; the
+//! databases kept with `--keep`):
+//! 1. N events of the five reference tenants, from the `workload` crate's
+//!    generator (their shares, models, token and GPU-time shapes), started
+//!    in the 4 hours up to a minute ago, are produced (idempotent, acks=all,
+//!    lz4, linger 5 ms) in the arrival order `--order` picks; the produce
+//!    rate is informational;
 //! 2. ceiling (a): plain consumers read (and copy) all N from the broker;
 //! 3. ceiling (b): COPY of the same N rows (formatting included) into
 //!    `request_log_raw`, a plain copy of request_log without indexes;
@@ -21,8 +25,19 @@
 //!    consumer group, timed from their start until their offsets in Postgres
 //!    cover all N, with peak RSS, CPU time and commit times (from their
 //!    `/metrics`); request_log and usage_hourly are then checked against N;
-//! 5. freshness: M more events at a fixed rate into the same running ingest,
-//!    produce → visible in request_log, as percentiles.
+//! 5. freshness: M more events at a fixed rate into the same running ingest
+//!    (the generator's too, each moved to start when it is sent), produce →
+//!    visible in request_log, as percentiles.
+//!
+//! Arrival order (`--order`), the order the bulk events are on the topic,
+//! and so the order in which their request ids (UUIDv7s of their start)
+//! reach request_log's primary key: the generator yields them by start
+//! time; `arrival` puts them in the order they finished, as a gateway
+//! emits an event when its request ends (long requests arrive after
+//! shorter ones that started later, so ids arrive almost sorted);
+//! `random` shuffles them with this run's random generator (every insert
+//! lands at a random place in the key). The events themselves are the
+//! same either way; only their order differs.
 
 #![allow(clippy::print_stdout, reason = "a benchmark prints its report")]
 
@@ -34,17 +49,16 @@ mod report;
 
 use std::time::Instant;
 
-use anyhow::{Context, Result};
-use bench::database::FreshDatabase;
+use anyhow::{ensure, Result};
 use bench::produce::{produce_all, producer};
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{TimeDelta, Utc};
 use clap::Parser;
+use devstack::{Database, Topic};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use rust_decimal::Decimal;
 use sqlx::PgPool;
-use usage_contract::FinishReason as F;
-use usage_contract::{RequestId, UsageEvent};
+use usage_contract::UsageEvent;
 
 use ceilings::{broker_read, copy_raw, transactions_alone};
 use freshness::freshness;
@@ -52,14 +66,11 @@ use processes::{wait_ingested, Ingests};
 use report::{report, Measured};
 
 const PARTITIONS: i32 = 4;
-const TENANTS: [(&str, i16); 5] = [
-    ("acme-corp", 5),
-    ("medai-labs", 4),
-    ("finserv-team", 3),
-    ("research-squad", 2),
-    ("codegen-platform", 1),
-];
-const MODELS: [&str; 2] = ["llama-3.1-8b", "llama-3.1-70b"];
+/// The bulk events start within this span, ending [`BULK_MARGIN`] ago.
+const BULK_SPAN: TimeDelta = TimeDelta::hours(4);
+/// Every bulk event started at least this long before the freshness phase,
+/// which tells its own events by ids at or after its start.
+const BULK_MARGIN: TimeDelta = TimeDelta::minutes(1);
 /// The freshness producer lingers 20 ms, not 5: at a steady 2000/s, librdkafka
 /// with linger 5 ms busy-polls (measured here: ~70% of a core, against 10-20%
 /// at 20 ms), which on a small machine takes CPU from the ingest being measured.
@@ -93,7 +104,7 @@ struct Args {
     /// environment, which the ingest processes inherit).
     #[arg(skip = ingest::store::SynchronousCommit::On)]
     synchronous_commit: ingest::store::SynchronousCommit,
-    /// Keep the bench database afterwards.
+    /// Keep the bench databases afterwards (their names are printed).
     #[arg(long)]
     keep: bool,
     /// The server to create the bench database on (its database name is not used).
@@ -109,20 +120,19 @@ struct Args {
     /// ceilings (a) and (c) use as many readers and connections.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=4))]
     processes: i32,
-    /// How the bulk events' times (and so their request ids) are ordered.
+    /// The order of the bulk events (and so of their request ids) on the topic.
     #[arg(long, value_enum, default_value_t = Order::Arrival)]
     order: Order,
 }
 
-/// The order of the bulk events' request ids on the topic.
+/// The order of the bulk events on the topic; the events are the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Order {
-    /// As a gateway emits them: spread evenly over the last 4 hours, each
-    /// started up to 20 s before its place in the stream (requests of
-    /// different lengths finish out of order), so ids arrive almost sorted.
+    /// As a gateway emits them: by the time each request finished, so ids
+    /// (their start times) arrive almost sorted.
     Arrival,
-    /// Each at a random time in the last 4 hours (a pessimistic order: every
-    /// insert lands at a random place in the primary key).
+    /// Shuffled (a pessimistic order: every insert lands at a random place
+    /// in the primary key).
     Random,
 }
 
@@ -145,59 +155,53 @@ async fn main() -> Result<()> {
     args.synchronous_commit = ingest.synchronous_commit;
     let mut rng = StdRng::from_os_rng();
     let suffix = format!("{:08x}", rng.random::<u32>());
-    let db = FreshDatabase::create(&args.database_url, &format!("bench_{suffix}")).await?;
+    // Both dropped when their handles are, however the run ends.
+    let mut db = Database::fresh_on(&args.database_url, "ingest_bench").await?;
     // The second database takes ceiling (c)'s rows, so that the real
     // ingest meets an empty request_log in the first.
-    let tx_db = match FreshDatabase::create(&args.database_url, &format!("bench_{suffix}_tx")).await
-    {
-        Ok(tx_db) => tx_db,
-        Err(e) => {
-            db.finish(args.keep).await?;
-            return Err(e);
-        }
-    };
+    let mut tx_db = Database::fresh_on(&args.database_url, "ingest_bench_tx").await?;
     let result = run(&args, [&db, &tx_db], &suffix, &mut rng).await;
-    for db in [db, tx_db] {
-        db.finish(args.keep).await?;
+    if args.keep {
+        for db in [&mut db, &mut tx_db] {
+            db.keep();
+            println!("kept database {}", db.name());
+        }
     }
     result
 }
 
 /// `dbs`: the database ingest writes to, and the one for ceiling (c).
-async fn run(args: &Args, dbs: [&FreshDatabase; 2], suffix: &str, rng: &mut StdRng) -> Result<()> {
+async fn run(args: &Args, dbs: [&Database; 2], suffix: &str, rng: &mut StdRng) -> Result<()> {
     let (n, load) = (args.events, std::fs::read_to_string("/proc/loadavg")?);
     let [db, tx_db] = dbs;
     let pool = bench_database(db).await?;
-    let topic = format!("bench.{suffix}");
-    usage_contract::topic::create(&args.kafka_brokers, &topic, PARTITIONS).await?;
-    let now_ms = Utc::now().timestamp_millis();
-    let mut events = Vec::with_capacity(n);
-    const SPAN_MS: i64 = 4 * 3_600_000;
-    for i in 0..n {
-        let ago = match args.order {
-            Order::Arrival => SPAN_MS - SPAN_MS * i as i64 / n as i64 + rng.random_range(0..20_000),
-            Order::Random => rng.random_range(60_000..SPAN_MS),
-        };
-        events.push(event(rng, i, millis(now_ms - ago)?));
-    }
+    // Deleted when dropped, at the end of the run (after ingest stopped).
+    let topic = Topic::fresh(&args.kafka_brokers, "ingest-bench", PARTITIONS).await?;
+    let topic = topic.name.as_str();
+    let events = bulk_events(n, args.order, rng)?;
+    ensure!(
+        events.len() == n,
+        "the workload gave {} events",
+        events.len()
+    );
     let hashes: Vec<[u8; 32]> = events.iter().map(UsageEvent::content_hash).collect();
 
     println!("producing {n} events to {topic}");
     let started = Instant::now();
     let bulk_producer = producer(&args.kafka_brokers, 5, "lz4")?;
     let messages = events.iter().map(|e| (&e.tenant_id, e.to_json()));
-    produce_all(&bulk_producer, &topic, messages).await?;
+    produce_all(&bulk_producer, topic, messages).await?;
     drop(bulk_producer);
     let produce = started.elapsed();
     println!("ceiling (a): reading them back from the broker");
-    let read = broker_read(&args.kafka_brokers, &topic, n, args.processes)?;
+    let read = broker_read(&args.kafka_brokers, topic, n, args.processes)?;
     println!("ceiling (b): COPY into request_log_raw");
     let copy = copy_raw(&pool, &events, &hashes, args.processes).await?;
     drop(hashes);
     println!("ceiling (c): ingest's transactions alone, into a second database");
     let transactions = transactions_alone(
         tx_db,
-        &topic,
+        topic,
         &events,
         args.max_batch,
         args.processes,
@@ -207,7 +211,7 @@ async fn run(args: &Args, dbs: [&FreshDatabase; 2], suffix: &str, rng: &mut StdR
     drop(events);
 
     println!("ingest: until its offsets cover all {n} events");
-    let mut ingest = Ingests::start(args, db.url(), &topic, suffix)?;
+    let mut ingest = Ingests::start(args, &db.url, topic, suffix)?;
     let bulk = wait_ingested(&pool, &mut ingest, n, db.name()).await?;
     let metrics = ingest.scrape().await;
     let checks = sqlx::query_as(
@@ -218,7 +222,7 @@ async fn run(args: &Args, dbs: [&FreshDatabase; 2], suffix: &str, rng: &mut StdR
     .fetch_one(&pool)
     .await?;
     println!("freshness: {} events at {}/s", args.fresh_events, args.rate);
-    let fresh = freshness(args, &topic, &pool, &mut ingest, rng).await;
+    let fresh = freshness(args, topic, &pool, &mut ingest, rng).await;
     let hwm_kib = ingest.max_kib("VmHWM:");
     ingest.stop().await;
     let fresh = fresh?;
@@ -237,50 +241,35 @@ async fn run(args: &Args, dbs: [&FreshDatabase; 2], suffix: &str, rng: &mut StdR
     report(args, &measured)
 }
 
-/// The fresh bench database's pool, with its schema and the five reference
-/// tenants.
-async fn bench_database(db: &FreshDatabase) -> Result<PgPool> {
-    let pool = db.connect().await?;
+/// N events of the reference tenants started in the [`BULK_SPAN`] up to
+/// [`BULK_MARGIN`] ago (the generator's seed drawn from `rng`), in the
+/// arrival `order`.
+fn bulk_events(n: usize, order: Order, rng: &mut StdRng) -> Result<Vec<UsageEvent>> {
+    let to = Utc::now() - BULK_MARGIN;
+    let generated = workload::Generator::reference(rng.random(), to - BULK_SPAN, to, n as u64)?;
+    let mut events: Vec<UsageEvent> = generated.collect();
+    match order {
+        // Stable: events that finished in the same millisecond keep their
+        // start order.
+        Order::Arrival => events.sort_by_key(|e| e.finished_at),
+        Order::Random => events.shuffle(rng),
+    }
+    Ok(events)
+}
+
+/// The fresh bench database's pool, with the five reference tenants (those
+/// of the `workload` crate, whose events the bench sends).
+async fn bench_database(db: &Database) -> Result<PgPool> {
+    let tenants = workload::Tenant::reference();
+    let names: Vec<String> = tenants.iter().map(|t| t.name.clone()).collect();
+    let priorities: Vec<i16> = tenants.iter().map(|t| t.priority).collect();
     sqlx::query(
         "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode)
          SELECT t, t, 'standard', p, 'per_token' FROM UNNEST($1::text[], $2::smallint[]) x(t, p)",
     )
-    .bind(TENANTS.map(|t| t.0))
-    .bind(TENANTS.map(|t| t.1))
-    .execute(&pool)
+    .bind(names)
+    .bind(priorities)
+    .execute(&db.pool)
     .await?;
-    Ok(pool)
-}
-
-fn millis(ms: i64) -> Result<DateTime<Utc>> {
-    DateTime::from_timestamp_millis(ms).context("time out of range")
-}
-
-/// A valid v1 event of tenant `i % 5`, like the fault drill's.
-fn event(rng: &mut StdRng, i: usize, started_at: DateTime<Utc>) -> UsageEvent {
-    let (tenant, priority) = TENANTS[i % TENANTS.len()];
-    let prompt = rng.random_range(1..8_000);
-    UsageEvent {
-        schema_version: 1,
-        request_id: RequestId::at(started_at),
-        tenant_id: tenant.into(),
-        api_key_id: format!("key_{tenant}"),
-        model: MODELS[i % 2].into(),
-        model_version: "2026.10".into(),
-        priority,
-        started_at,
-        first_token_at: None,
-        finished_at: started_at + TimeDelta::milliseconds(rng.random_range(50..20_000)),
-        prompt_tokens: prompt,
-        cached_tokens: rng.random_range(0..=prompt),
-        completion_tokens: rng.random_range(0..2_000),
-        gpu_seconds: Decimal::new(rng.random_range(1..50_000_000), 6),
-        preempted_gpu_seconds: Decimal::new(rng.random_range(0..1_000), 6),
-        finish_reason: [F::Stop, F::Length, F::Cancelled, F::Error][rng.random_range(0..4)],
-        ttft_ms: Some(120),
-        tpot_ms: Some(8),
-        replica_id: "r0".into(),
-        gateway_id: "gw-bench".into(),
-        stream: false,
-    }
+    Ok(db.pool.clone())
 }

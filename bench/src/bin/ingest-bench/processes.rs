@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
 use bench::procfs::{cpu_seconds, status_kib};
-use bench::service::{free_addr, Service, Stopped};
+use devstack::health::free_port;
+use devstack::Service;
 use sqlx::PgPool;
 
 use crate::cpu_time::{Part, Sample};
@@ -37,7 +38,7 @@ impl Ingests {
     }
 
     pub(crate) fn check_running(&mut self) -> Result<()> {
-        let check = |p: &mut Ingest| p.service.check_running();
+        let check = |p: &mut Ingest| bench::check_running(&mut p.service);
         self.procs.iter_mut().try_for_each(check)
     }
 
@@ -53,25 +54,26 @@ impl Ingests {
 
     /// The largest value of a `/proc/<pid>/status` field among the processes.
     pub(crate) fn max_kib(&self, field: &str) -> u64 {
-        let kib = |p: &Ingest| status_kib(p.service.pid(), field).unwrap_or(0);
+        let kib = |p: &Ingest| p.service.pid().and_then(|pid| status_kib(pid, field));
+        let kib = |p: &Ingest| kib(p).unwrap_or(0);
         self.procs.iter().map(kib).max().unwrap_or(0)
     }
 
     /// CPU seconds of all the processes together.
     pub(crate) fn cpu_seconds(&self) -> f64 {
-        let cpu = |p: &Ingest| cpu_seconds(p.service.pid()).unwrap_or(f64::NAN);
+        let cpu = |p: &Ingest| p.service.pid().and_then(cpu_seconds).unwrap_or(f64::NAN);
         self.procs.iter().map(cpu).sum()
     }
 
     pub(crate) fn pids(&self) -> Vec<u32> {
-        self.procs.iter().map(|p| p.service.pid()).collect()
+        self.procs.iter().filter_map(|p| p.service.pid()).collect()
     }
 
     /// SIGTERM to all at once (so none takes over the partitions of another
     /// that stops first), then waits for each.
     pub(crate) async fn stop(self) {
         for p in &self.procs {
-            p.service.terminate();
+            p.service.signal_term();
         }
         for p in self.procs {
             p.wait_stopped().await;
@@ -86,9 +88,10 @@ struct Ingest {
 }
 
 impl Ingest {
+    /// `target/<profile>/ingest`, logging to `ingest-bench-<name>.log` in
+    /// the system temp directory.
     fn start(args: &Args, url: &str, topic: &str, group: &str, name: &str) -> Result<Self> {
-        let metrics_addr = free_addr()?;
-        let log = std::env::temp_dir().join(format!("ingest-bench-{name}.log"));
+        let metrics_addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let env = [
             ("DATABASE_URL", url.to_owned()),
             ("KAFKA_BROKERS", args.kafka_brokers.clone()),
@@ -98,7 +101,9 @@ impl Ingest {
             ("INGEST_MAX_BATCH", args.max_batch.to_string()),
             ("INGEST_LINGER_MS", args.linger_ms.to_string()),
         ];
-        let service = Service::start("ingest", "ingest", env, &log)?;
+        let env = env.map(|(k, v)| (k.to_owned(), v)).into();
+        let name = format!("ingest-bench-{name}");
+        let service = Service::start(&name, "ingest", &[], env, &std::env::temp_dir())?;
         Ok(Self {
             service,
             metrics_addr,
@@ -108,16 +113,16 @@ impl Ingest {
     /// Waits for the exit after SIGTERM (ingest commits what it holds and
     /// leaves the group), SIGKILL after 30 s. The log is kept only if ingest
     /// did not stop cleanly.
-    async fn wait_stopped(self) {
-        let log = self.service.log().to_owned();
-        match self.service.wait_stopped(Duration::from_secs(30)).await {
-            Stopped::Cleanly => {
+    async fn wait_stopped(mut self) {
+        let log = self.service.log_path().to_owned();
+        match self.service.wait_exit(Duration::from_secs(30)).await {
+            Some(status) if status.success() => {
                 let _ = std::fs::remove_file(&log);
             }
-            Stopped::NotCleanly => {
+            Some(_) => {
                 println!("ingest did not stop cleanly; its log: {}", log.display());
             }
-            Stopped::Killed => {
+            None => {
                 println!(
                     "ingest ignored SIGTERM for 30 s; its log: {}",
                     log.display()
