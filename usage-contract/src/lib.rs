@@ -12,7 +12,6 @@
 //! - [`decode`]: bytes → validated event, or the violation that says why not
 //! - [`stored`]: a `request_log` row, and the one conversion from it back to
 //!   the event it was stored from (with feature `sqlx`, read by name)
-//! - `topic` (feature `kafka`): creating a topic, for benches and tests
 //!
 //! Invariants: counts are integers, GPU time is an exact decimal with at most
 //! microsecond precision, timestamps are UTC. No floating point anywhere.
@@ -21,8 +20,6 @@ pub mod decode;
 pub mod event;
 pub mod request_id;
 pub mod stored;
-#[cfg(feature = "kafka")]
-pub mod topic;
 pub mod validate;
 
 pub use decode::decode;
