@@ -28,17 +28,3 @@ pub mod percentiles;
 pub mod procfs;
 pub mod produce;
 pub mod prometheus;
-
-/// Fails if `service` has exited (a benchmark waiting on it would wait for
-/// nothing), naming it, its exit status and its log, with the log's end.
-pub fn check_running(service: &mut devstack::Service) -> anyhow::Result<()> {
-    match service.exited() {
-        None => Ok(()),
-        Some(status) => anyhow::bail!(
-            "{} exited ({status}); its log {} ends:\n{}",
-            service.name(),
-            service.log_path().display(),
-            service.log_tail()
-        ),
-    }
-}

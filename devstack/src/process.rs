@@ -245,6 +245,19 @@ impl Service {
             .and_then(|c| c.try_wait().ok().flatten())
     }
 
+    /// Fails if the service has exited (whoever waits on it would wait for
+    /// nothing), naming it, its exit status and the end of its log.
+    pub fn check_running(&mut self) -> Result<()> {
+        match self.exited() {
+            None => Ok(()),
+            Some(status) => Err(DevstackError::Exited {
+                what: self.spec.name.clone(),
+                status: status.to_string(),
+                log: format!(" (log {}):\n{}", self.spec.log.display(), self.log_tail()),
+            }),
+        }
+    }
+
     /// The path of the service's log.
     pub fn log_path(&self) -> &Path {
         &self.spec.log

@@ -86,7 +86,7 @@ async fn run(n: usize, db: &Database, suffix: &str) -> anyhow::Result<()> {
     let mut cpu = 0.0;
     let mut hwm_kib = None;
     loop {
-        bench::check_running(&mut archiver)?;
+        archiver.check_running()?;
         let (done,): (i64,) =
             sqlx::query_as("SELECT coalesce(sum(next_offset), 0)::bigint FROM archive_offsets")
                 .fetch_one(pool)

@@ -38,7 +38,7 @@ impl Ingests {
     }
 
     pub(crate) fn check_running(&mut self) -> Result<()> {
-        let check = |p: &mut Ingest| bench::check_running(&mut p.service);
+        let check = |p: &mut Ingest| p.service.check_running();
         self.procs.iter_mut().try_for_each(check)
     }
 
