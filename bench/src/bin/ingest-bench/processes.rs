@@ -39,7 +39,7 @@ impl Ingests {
 
     pub(crate) fn check_running(&mut self) -> Result<()> {
         let check = |p: &mut Ingest| p.service.check_running();
-        self.procs.iter_mut().try_for_each(check)
+        Ok(self.procs.iter_mut().try_for_each(check)?)
     }
 
     /// `/metrics` of each process (empty if it did not answer).
