@@ -18,6 +18,8 @@ const SUPPORT: &str = "support-token-billing-0001";
 
 struct Billing {
     _svc: Service,
+    /// Dropped after the service that uses it.
+    _db: devstack::Database,
     url: String,
     pool: PgPool,
     client: Client,
@@ -90,6 +92,7 @@ async fn start() -> Billing {
     } = tests::billing::start_billing_api(&url, FINANCE).await;
     Billing {
         _svc: svc,
+        _db: fresh_db,
         url,
         pool,
         client: Client::new(),

@@ -39,6 +39,8 @@ SUB_ACCOUNT_SUPPORTED,UNIT_PRICING_SUPPORTED,USAGE_MEASUREMENT_SUPPORTED";
 
 struct Billing {
     _svc: Service,
+    /// Dropped after the service that uses it.
+    _db: devstack::Database,
     url: String,
     pool: PgPool,
     client: Client,
@@ -122,6 +124,7 @@ async fn start() -> Billing {
     } = tests::billing::start_billing_api(&url, FINANCE).await;
     Billing {
         _svc: svc,
+        _db: fresh_db,
         url,
         pool,
         client: Client::new(),
