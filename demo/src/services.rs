@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use devstack::process::{self, Detached, Spec};
+use devstack::detached::Detached;
+use devstack::process::{self, Spec};
 
 /// Where the services listen (each service's own setting, passed on).
 #[derive(Debug, Clone)]

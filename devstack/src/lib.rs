@@ -7,14 +7,16 @@
 //! - [`stack`]: the shared stack `devstack up|down|status|env` manages
 //!   (Postgres, the Nisshi broker and its topic, Redis) and `.stack/env`;
 //! - [`postgres`]: the shared server's URL, clusters of our own from
-//!   `initdb` (the project-local one, [`PrivatePostgres`]);
+//!   `initdb` (the project-local one, and those of private instances);
+//! - [`private_postgres`]: a [`PrivatePostgres`] for a test that crashes it;
 //! - [`database`]: a fresh, migrated database per run ([`Database`]);
 //! - [`topic`]: creating and deleting topics, a fresh one per run ([`Topic`]);
 //! - [`nisshi`]: the broker's binary, built once into a cache, and a
 //!   [`PrivateBroker`];
 //! - [`redis`]: the shared Redis and a [`PrivateRedis`];
 //! - [`process`]: [`Service`], a child process by handle (start, SIGTERM,
-//!   SIGKILL with its process group, restart), and detached processes;
+//!   SIGKILL with its process group, restart), the workspace's binaries;
+//! - [`detached`]: processes that outlive their starter, found by pid file;
 //! - [`health`]: waiting for a service, with an error naming what did not
 //!   come up; free ports.
 //!
@@ -24,10 +26,12 @@
 //! handle, even when the test panics.
 
 pub mod database;
+pub mod detached;
 pub mod error;
 pub mod health;
 pub mod nisshi;
 pub mod postgres;
+pub mod private_postgres;
 pub mod process;
 pub mod redis;
 pub mod stack;
@@ -36,7 +40,7 @@ pub mod topic;
 pub use database::Database;
 pub use error::{DevstackError, Result};
 pub use nisshi::PrivateBroker;
-pub use postgres::PrivatePostgres;
+pub use private_postgres::PrivatePostgres;
 pub use process::Service;
 pub use redis::PrivateRedis;
 pub use topic::Topic;

@@ -1,7 +1,7 @@
 //! Postgres: finding the machine's shared server, and clusters of our
 //! own made with `initdb` — the project-local cluster that `devstack up`
-//! runs when the machine has no server, and a [`PrivatePostgres`] for each
-//! test that crashes Postgres.
+//! runs when the machine has no server, and the one of each
+//! [`PrivatePostgres`](crate::private_postgres::PrivatePostgres).
 //!
 //! Postgres refuses to run as root; as root a cluster runs as the
 //! `postgres` OS user, or as a `meterline-pg` system user created for it
@@ -15,10 +15,9 @@ use std::time::Duration;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::ConnectOptions;
 
-use crate::database::Database;
 use crate::error::{DevstackError, Result};
-use crate::health::{free_port, wait_until};
-use crate::process::{self, Owner, Service, Spec};
+use crate::health::wait_until;
+use crate::process::{self, Owner, Spec};
 
 /// The shared database URL every test, bench and demo starts from:
 /// `DATABASE_URL`, else `postgres://postgres@127.0.0.1:5432/meterline`.
@@ -246,7 +245,7 @@ impl Cluster {
     pub fn running_pid(&self) -> Option<u32> {
         let text = std::fs::read_to_string(self.data().join("postmaster.pid")).ok()?;
         let pid: u32 = text.lines().next()?.trim().parse().ok()?;
-        process::pid_alive(pid).then_some(pid)
+        crate::detached::pid_alive(pid).then_some(pid)
     }
 
     /// Waits until the server accepts connections.
@@ -268,76 +267,6 @@ impl Cluster {
             },
         )
         .await
-    }
-}
-
-/// A Postgres cluster of one test's own, for tests that crash Postgres:
-/// in a temporary directory, on a free port, its postmaster in its own
-/// process group (so [`kill_all`](Self::kill_all) takes every backend, the
-/// WAL writer and the checkpointer at once, as a power loss would), and
-/// started again on the same data by [`restart`](Self::restart). Removed
-/// when dropped.
-pub struct PrivatePostgres {
-    cluster: Cluster,
-    service: Service,
-    /// Holds the cluster's files; dropped after the server is killed.
-    _dir: tempfile::TempDir,
-}
-
-impl PrivatePostgres {
-    /// Creates and starts a cluster with `settings` (`name=value`).
-    pub async fn start(settings: &[&str]) -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("meterline-pg-")
-            .tempdir()
-            .map_err(DevstackError::io(
-                "a temporary directory for a private Postgres",
-            ))?;
-        let cluster = Cluster::init(dir.path(), free_port()?, settings)?;
-        let mut service = Service::spawn(cluster.spec("private postgres"))?;
-        cluster
-            .wait_ready(Some(&mut service), Duration::from_secs(60))
-            .await?;
-        Ok(Self {
-            cluster,
-            service,
-            _dir: dir,
-        })
-    }
-
-    /// A URL for `database` on this cluster.
-    pub fn url(&self, database: &str) -> String {
-        self.cluster.url(database)
-    }
-
-    /// The port the cluster listens on.
-    pub fn port(&self) -> u16 {
-        self.cluster.port
-    }
-
-    /// A fresh database with Meterline's migrations applied.
-    pub async fn migrated_database(&self, name: &str) -> Result<Database> {
-        Database::fresh_on(&self.cluster.url("postgres"), name).await
-    }
-
-    /// SIGKILL to the postmaster's whole process group; returns when no
-    /// process of the cluster is left.
-    pub async fn kill_all(&mut self) {
-        self.service.kill9().await;
-    }
-
-    /// Starts the server again on the same data (crash recovery runs) and
-    /// waits until it accepts connections.
-    pub async fn restart(&mut self) -> Result<()> {
-        self.service.restart()?;
-        self.cluster
-            .wait_ready(Some(&mut self.service), Duration::from_secs(60))
-            .await
-    }
-
-    /// The server's log so far.
-    pub fn log_tail(&self) -> String {
-        process::log_tail(&self.cluster.log(), 40)
     }
 }
 

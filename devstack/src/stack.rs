@@ -28,10 +28,11 @@ use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 use sqlx::ConnectOptions;
 
+use crate::detached::{self, Detached};
 use crate::error::{DevstackError, Result};
 use crate::health::{port_open, wait_tcp, wait_until};
 use crate::postgres::{self, Cluster};
-use crate::process::{self, Detached};
+use crate::process;
 use crate::{database, nisshi, redis, topic};
 
 /// Where a component of the stack comes from.
@@ -115,7 +116,7 @@ impl StackDir {
             .trim()
             .parse()
             .ok()?;
-        process::pid_alive(pid).then_some(pid)
+        detached::pid_alive(pid).then_some(pid)
     }
 
     fn local_cluster(&self) -> Result<Cluster> {
@@ -185,7 +186,7 @@ impl StackDir {
                     "postgres: starting the project-local cluster .stack/pg on 127.0.0.1:{} (log .stack/pg/postgres.log)",
                     cluster.port
                 ));
-                process::spawn_detached(&cluster.spec("project-local postgres"))?;
+                detached::spawn_detached(&cluster.spec("project-local postgres"))?;
                 cluster.wait_ready(None, Duration::from_secs(60)).await?;
             }
             (cluster.port, Origin::Managed)
@@ -247,7 +248,7 @@ impl StackDir {
                 || {
                     let brokers = brokers.clone();
                     async move {
-                        if !process::pid_alive(pid) {
+                        if !detached::pid_alive(pid) {
                             return true; // reported below
                         }
                         tokio::task::spawn_blocking(move || port_open(&brokers))
@@ -257,7 +258,7 @@ impl StackDir {
                 },
             )
             .await?;
-            if !process::pid_alive(pid) {
+            if !detached::pid_alive(pid) {
                 return Err(DevstackError::Exited {
                     what: "the nisshi broker".into(),
                     status: "at startup".into(),
@@ -343,14 +344,14 @@ impl StackDir {
         let state = self.state();
         if let Some(pid) = self.pid("nisshi.pid").filter(|p| is_broker(*p)) {
             say(format!("stopping the nisshi broker (pid {pid})"));
-            process::stop_pid(pid, Signal::TERM, Duration::from_secs(10)).await;
+            detached::stop_pid(pid, Signal::TERM, Duration::from_secs(10)).await;
         } else if state.as_ref().is_some_and(|s| s.kafka == Origin::Reused) {
             say("leaving the broker that devstack did not start alone".into());
         }
         let _ = std::fs::remove_file(self.path("nisshi.pid"));
         if let Some(pid) = self.pid("redis.pid") {
             say(format!("stopping redis (pid {pid})"));
-            process::stop_pid(pid, Signal::TERM, Duration::from_secs(10)).await;
+            detached::stop_pid(pid, Signal::TERM, Duration::from_secs(10)).await;
         }
         let _ = std::fs::remove_file(self.path("redis.pid"));
         if let Some(state) = &state {
@@ -367,7 +368,7 @@ impl StackDir {
             if let Some(pid) = cluster.running_pid() {
                 say("stopping the project-local Postgres cluster (.stack/pg)".into());
                 // SIGINT is Postgres' fast shutdown.
-                process::stop_pid(pid, Signal::INT, Duration::from_secs(30)).await;
+                detached::stop_pid(pid, Signal::INT, Duration::from_secs(30)).await;
             }
         }
         if state.is_some_and(|s| s.postgres == Origin::Reused) {
@@ -436,7 +437,7 @@ impl StackDir {
 
 /// Whether `pid` runs a Nisshi broker (a reused pid is not ours).
 fn is_broker(pid: u32) -> bool {
-    process::cmdline(pid).is_some_and(|c| c.contains("nisshi") && c.contains(" broker "))
+    detached::cmdline(pid).is_some_and(|c| c.contains("nisshi") && c.contains(" broker "))
 }
 
 /// Creates the database a URL names, through the server's `postgres` database.
