@@ -31,9 +31,9 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
 use crate::error::EngineError;
-use crate::openai::ChatRequest;
+use crate::openai::{ChatCompletion, ChatRequest, ChunkStream, ErrorBody, Meterline};
 use crate::scheduler::ServiceClass;
-use crate::simulator::{Completion, CompletionRequest, Generation, Piece, Simulator};
+use crate::simulator::{CompletionRequest, Generation, Piece, Simulator};
 
 /// The engine's HTTP API.
 pub fn app(sim: Arc<Simulator>) -> Router {
@@ -81,14 +81,12 @@ impl IntoResponse for EngineError {
             }
         };
         let busy = matches!(self, Self::NoCapacity { .. } | Self::UpstreamBusy { .. });
-        let message = if status.is_server_error() && !busy {
+        let body = if status.is_server_error() && !busy {
             tracing::error!(error = %self, "request failed");
-            "the server had an error while processing your request".to_owned()
+            ErrorBody::server_error()
         } else {
-            self.to_string()
+            ErrorBody::new(self.to_string(), kind, None, code)
         };
-        let body =
-            json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
         let mut res = (status, Json(body)).into_response();
         if busy {
             let secs = rand::rng().random_range(1..=3u32);
@@ -151,30 +149,23 @@ async fn completions(
     let id = format!("chatcmpl-{:032x}", rand::random::<u128>());
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+        .map_or(0, |d| d.as_secs() as i64);
     let generation = sim.start(&creq, req.stream).await?;
     if !req.stream {
         let done = generation.finish().await?;
-        let body = json!({
-            "id": id,
-            "object": "chat.completion",
-            "created": created,
-            "model": req.model,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": done.text},
-                "finish_reason": finish_reason(&done),
-            }],
-            "usage": usage(&done),
-            "meterline": extension(&done),
-        });
+        let mut body = ChatCompletion::of(id, created, req.model, &done);
+        body.meterline = Some(Meterline::of(&done));
         return Ok(Json(body).into_response());
     }
     let state = SseState {
         generation: Some(generation),
         pending: VecDeque::new(),
-        chunk: json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": req.model}),
-        include_usage: req.include_usage(),
+        chunks: ChunkStream {
+            id,
+            created,
+            include_usage: req.include_usage(),
+            model: req.model,
+        },
         first: true,
     };
     let events = stream::unfold(state, |mut st| async move {
@@ -185,32 +176,23 @@ async fn completions(
             let generation = st.generation.as_mut()?;
             match generation.next().await {
                 Ok(Piece::Token(text)) => {
-                    let mut delta = json!({"content": text});
-                    if st.first {
-                        delta["role"] = json!("assistant");
-                        st.first = false;
-                    }
-                    st.push(
-                        json!([{"index": 0, "delta": delta, "finish_reason": null}]),
-                        None,
-                    );
+                    let chunk = st.chunks.token(&text, st.first);
+                    st.first = false;
+                    st.push(chunk.to_json());
                 }
                 Ok(Piece::Done(done)) => {
-                    let reason = finish_reason(&done);
-                    st.push(
-                        json!([{"index": 0, "delta": {}, "finish_reason": reason}]),
-                        None,
-                    );
-                    if st.include_usage {
-                        st.push(json!([]), Some(&done));
+                    st.push(st.chunks.finish(&done).to_json());
+                    if st.chunks.include_usage {
+                        let mut last = st.chunks.usage(&done);
+                        last.meterline = Some(Meterline::of(&done));
+                        st.push(last.to_json());
                     }
                     st.pending.push_back(Event::default().data("[DONE]"));
                     st.generation = None;
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "stream failed");
-                    let err = json!({"error": {"message": "the server had an error while processing your request", "type": "server_error"}});
-                    st.pending.push_back(Event::default().data(err.to_string()));
+                    st.push(ErrorBody::server_error().to_json());
                     st.pending.push_back(Event::default().data("[DONE]"));
                     st.generation = None;
                 }
@@ -223,50 +205,12 @@ async fn completions(
 struct SseState {
     generation: Option<Generation>,
     pending: VecDeque<Event>,
-    chunk: Value,
-    include_usage: bool,
+    chunks: ChunkStream,
     first: bool,
 }
 
 impl SseState {
-    fn push(&mut self, choices: Value, done: Option<&Completion>) {
-        let mut chunk = self.chunk.clone();
-        chunk["choices"] = choices;
-        if let Some(done) = done {
-            chunk["usage"] = usage(done);
-            chunk["meterline"] = extension(done);
-        }
-        self.pending
-            .push_back(Event::default().data(chunk.to_string()));
+    fn push(&mut self, data: String) {
+        self.pending.push_back(Event::default().data(data));
     }
-}
-
-fn finish_reason(done: &Completion) -> &'static str {
-    if done.length_capped {
-        "length"
-    } else {
-        "stop"
-    }
-}
-
-fn usage(done: &Completion) -> Value {
-    json!({
-        "prompt_tokens": done.prompt_tokens,
-        "completion_tokens": done.completion_tokens,
-        "total_tokens": done.prompt_tokens + done.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
-    })
-}
-
-/// What a real engine cannot tell and Meterline needs: the request's
-/// attributed GPU time, exact to the microsecond, as decimal strings.
-fn extension(done: &Completion) -> Value {
-    json!({
-        "gpu_seconds": done.gpu_seconds.to_string(),
-        "preempted_gpu_seconds": done.preempted_gpu_seconds.to_string(),
-        "model_version": done.model_version,
-        "replica_id": done.replica_id,
-        "ttft_ms": done.ttft.as_millis() as u64,
-        "total_ms": done.total.as_millis() as u64,
-    })
 }

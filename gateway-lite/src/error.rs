@@ -5,7 +5,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use engine::openai::{ErrorBody, GENERIC_SERVER_ERROR};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -129,18 +129,16 @@ impl GatewayError {
 
     /// OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`,
     /// as a response body or as the last chunk of a stream.
-    pub fn openai_body(&self) -> serde_json::Value {
+    pub fn openai_body(&self) -> ErrorBody {
         let (kind, code) = self.kind();
-        let message = if self.hidden() {
-            "the server had an error while processing your request".to_owned()
-        } else {
-            self.to_string()
-        };
+        if self.hidden() {
+            return ErrorBody::new(GENERIC_SERVER_ERROR, kind, None, code);
+        }
         let param = match self {
             Self::InvalidParam { param, .. } => Some(param.as_ref()),
             _ => None,
         };
-        json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
+        ErrorBody::new(self.to_string(), kind, param, code)
     }
 }
 

@@ -25,10 +25,10 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use engine::openai::{ChatCompletion, ChunkStream};
 use engine::upstream::{Generation, ModelInfo};
 use engine::{Completion, EngineError, Piece};
 use rust_decimal::Decimal;
-use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use usage_contract::{FinishReason, RequestId, UsageEvent, SCHEMA_VERSION};
 
@@ -130,22 +130,16 @@ impl Run {
                 return;
             }
         };
-        let body = json!({
-            "id": self.chat_id(),
-            "object": "chat.completion",
-            "created": self.started_at.timestamp(),
-            "model": self.model,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": done.text},
-                "finish_reason": finish_reason(&done).as_str(),
-            }],
-            "usage": usage(&done),
-        });
+        let body = ChatCompletion::of(
+            self.chat_id(),
+            self.started_at.timestamp(),
+            self.model.clone(),
+            &done,
+        );
         let answer = Stored {
             content_type: "application/json",
             request_id: self.request_id.to_string(),
-            body: Bytes::from(body.to_string()),
+            body: Bytes::from(serde_json::to_vec(&body).unwrap_or_default()),
         };
         let event = self.completed_event(&done, false);
         if let Err(e) = self.record_answered(event, Some(&answer)).await {
@@ -163,19 +157,11 @@ impl Run {
         tx: mpsc::Sender<Bytes>,
         include_usage: bool,
     ) {
-        let base = json!({
-            "id": self.chat_id(),
-            "object": "chat.completion.chunk",
-            "created": self.started_at.timestamp(),
-            "model": self.model,
-        });
-        let chunk = |choices: Value, usage_value: Option<Value>| {
-            let mut c = base.clone();
-            c["choices"] = choices;
-            if include_usage {
-                c["usage"] = usage_value.unwrap_or(Value::Null);
-            }
-            sse(&c.to_string())
+        let chunks = ChunkStream {
+            id: self.chat_id(),
+            created: self.started_at.timestamp(),
+            model: self.model.clone(),
+            include_usage,
         };
         // Everything sent, kept only to replay it under an Idempotency-Key.
         let mut transcript = self.idempotency.as_ref().map(|_| Vec::<u8>::new());
@@ -193,15 +179,11 @@ impl Run {
             match piece {
                 Ok(Piece::Token(text)) => {
                     produced += 1;
-                    let mut delta = json!({"content": text});
-                    if first_token_at.is_none() {
+                    let first = first_token_at.is_none();
+                    if first {
                         first_token_at = Some(now_ms().max(self.started_at));
-                        delta["role"] = json!("assistant");
                     }
-                    let frame = chunk(
-                        json!([{"index": 0, "delta": delta, "finish_reason": null}]),
-                        None,
-                    );
+                    let frame = sse(&chunks.token(&text, first).to_json());
                     if let Some(t) = transcript.as_mut() {
                         t.extend_from_slice(&frame);
                     }
@@ -214,11 +196,7 @@ impl Run {
             }
         };
         let (reason, told) = match ended {
-            Ended::Done(done) => {
-                return self
-                    .finish_stream(done, chunk, include_usage, transcript, tx)
-                    .await
-            }
+            Ended::Done(done) => return self.finish_stream(done, &chunks, transcript, tx).await,
             Ended::ClientGone => (FinishReason::Cancelled, None),
             Ended::TimedOut => (
                 FinishReason::Error,
@@ -238,7 +216,7 @@ impl Run {
             tracing::error!(error = %e, "usage of a stream that did not complete was not recorded");
         }
         if let Some(told) = told {
-            let _ = tx.send(sse(&told.openai_body().to_string())).await;
+            let _ = tx.send(sse(&told.openai_body().to_json())).await;
             let _ = tx.send(sse("[DONE]")).await;
         }
     }
@@ -271,17 +249,13 @@ impl Run {
     async fn finish_stream(
         mut self,
         done: Completion,
-        chunk: impl Fn(Value, Option<Value>) -> Bytes,
-        include_usage: bool,
+        chunks: &ChunkStream,
         transcript: Option<Vec<u8>>,
         tx: mpsc::Sender<Bytes>,
     ) {
-        let mut tail = vec![chunk(
-            json!([{"index": 0, "delta": {}, "finish_reason": finish_reason(&done).as_str()}]),
-            None,
-        )];
-        if include_usage {
-            tail.push(chunk(json!([]), Some(usage(&done))));
+        let mut tail = vec![sse(&chunks.finish(&done).to_json())];
+        if chunks.include_usage {
+            tail.push(sse(&chunks.usage(&done).to_json()));
         }
         tail.push(sse("[DONE]"));
         let answer = transcript.map(|mut t| {
@@ -295,7 +269,7 @@ impl Run {
         let event = self.completed_event(&done, true);
         if let Err(e) = self.record_answered(event, answer.as_ref()).await {
             tracing::error!(error = %e, "usage of a stream was not recorded");
-            let _ = tx.send(sse(&e.openai_body().to_string())).await;
+            let _ = tx.send(sse(&e.openai_body().to_json())).await;
             let _ = tx.send(sse("[DONE]")).await;
             return;
         }
@@ -425,15 +399,6 @@ fn finish_reason(done: &Completion) -> FinishReason {
     } else {
         FinishReason::Stop
     }
-}
-
-fn usage(done: &Completion) -> Value {
-    json!({
-        "prompt_tokens": done.prompt_tokens,
-        "completion_tokens": done.completion_tokens,
-        "total_tokens": done.prompt_tokens + done.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
-    })
 }
 
 /// One SSE frame.

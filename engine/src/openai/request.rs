@@ -2,11 +2,6 @@
 //! the engine's own server and the gateway so both read it the same way.
 //! Fields Meterline does not use (temperature, tools, …) are accepted and
 //! ignored, as OpenAI-compatible servers do.
-//!
-//! Both servers also refuse a NUL character (U+0000) in what they read of
-//! the request — the model, a message's content — with a 400 naming it
-//! ([`ChatRequest::nul_field`]); `serving::nul::reject_in_query` refuses one
-//! in the query.
 
 use serde::Deserialize;
 

@@ -23,11 +23,11 @@ use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
 use reqwest::StatusCode;
 use rust_decimal::Decimal;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::attribution::to_gpu_seconds;
 use crate::error::EngineError;
+use crate::openai::{ErrorBody, Meterline, Usage};
 use crate::simulator::{Completion, CompletionRequest, Piece};
 use crate::tokenizer;
 use crate::upstream::ledger::{Ledger, Share};
@@ -162,10 +162,9 @@ impl HttpUpstream {
         let status = response.status();
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
-            let message = serde_json::from_str::<Value>(&text)
-                .ok()
-                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-                .unwrap_or_else(|| text.chars().take(300).collect());
+            let message = serde_json::from_str::<ErrorBody>(&text)
+                .map(|b| b.error.message)
+                .unwrap_or_else(|_| text.chars().take(300).collect());
             return Err(match status {
                 StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
                     EngineError::UpstreamBusy {
@@ -202,33 +201,6 @@ impl HttpUpstream {
     }
 }
 
-/// The token counts of the upstream's usage chunk.
-#[derive(Debug, Deserialize)]
-struct Usage {
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    #[serde(default)]
-    prompt_tokens_details: Option<PromptDetails>,
-}
-
-#[derive(Debug, Deserialize)]
-struct PromptDetails {
-    #[serde(default)]
-    cached_tokens: Option<u64>,
-}
-
-/// Meterline's engine's extension: its own exact GPU figures.
-#[derive(Debug, Deserialize)]
-struct Reported {
-    gpu_seconds: Decimal,
-    #[serde(default)]
-    preempted_gpu_seconds: Decimal,
-    #[serde(default)]
-    model_version: Option<String>,
-    #[serde(default)]
-    replica_id: Option<String>,
-}
-
 /// A request running upstream. Dropping it closes the connection.
 pub struct HttpGeneration {
     events: Option<Events>,
@@ -245,7 +217,8 @@ pub struct HttpGeneration {
     text: String,
     finish_reason: Option<String>,
     usage: Option<Usage>,
-    reported: Option<Reported>,
+    /// Meterline's engine's extension: its own exact GPU figures.
+    reported: Option<Meterline>,
     model: String,
     names: Names,
 }
@@ -366,11 +339,7 @@ impl HttpGeneration {
             prompt_tokens: usage
                 .as_ref()
                 .map_or(self.prompt_tokens, |u| u.prompt_tokens),
-            cached_tokens: usage
-                .as_ref()
-                .and_then(|u| u.prompt_tokens_details.as_ref())
-                .and_then(|d| d.cached_tokens)
-                .unwrap_or(0),
+            cached_tokens: usage.as_ref().map_or(0, Usage::cached_tokens),
             completion_tokens: usage
                 .as_ref()
                 .map_or(self.produced, |u| u.completion_tokens),

@@ -1,0 +1,26 @@
+//! The OpenAI chat-completions wire format, defined once: what the engine's
+//! own HTTP server and the gateway read and write, and what the HTTP
+//! upstream client reads back from vLLM or the engine.
+//!
+//! Layout:
+//! - [`request`]: the request as it arrives (`POST /v1/chat/completions`)
+//! - [`response`]: `chat.completion`, `chat.completion.chunk` (the final
+//!   usage chunk of `stream_options.include_usage` included), `usage`, and
+//!   Meterline's `meterline` extension with the engine's exact GPU figures
+//! - [`error`]: the error body `{"error": {"message", "type", "param", "code"}}`
+//!
+//! Both servers also refuse a NUL character (U+0000) in what they read of
+//! the request — the model, a message's content — with a 400 naming it
+//! ([`ChatRequest::nul_field`]); `serving::nul::reject_in_query` refuses one
+//! in the query.
+
+pub mod error;
+pub mod request;
+pub mod response;
+
+pub use error::{ApiError, ErrorBody, ErrorKind, GENERIC_SERVER_ERROR};
+pub use request::{ChatRequest, Message, NulField, StreamOptions};
+pub use response::{
+    AssistantMessage, ChatCompletion, ChatCompletionChunk, Choice, ChunkChoice, ChunkStream, Delta,
+    FinishReason, Meterline, PromptTokensDetails, Usage,
+};
