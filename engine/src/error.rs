@@ -26,6 +26,9 @@ pub enum EngineError {
     },
     #[error("request body is not valid: {0}")]
     BadRequest(String),
+    /// A request parameter refused (400 with OpenAI's `param`).
+    #[error("{message}")]
+    InvalidParam { param: String, message: String },
     /// The HTTP server: a body above its limit (413).
     #[error("{0}")]
     PayloadTooLarge(String),
@@ -56,7 +59,9 @@ impl EngineError {
             Self::UnknownModel(_) | Self::UnknownPath(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ContextTooLong { .. } | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::ContextTooLong { .. } | Self::BadRequest(_) | Self::InvalidParam { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             Self::NoCapacity { .. } | Self::UpstreamBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
             Self::Stopped(_) | Self::Profile(_) | Self::Config(_) => {

@@ -70,7 +70,9 @@ impl IntoResponse for EngineError {
             Self::ContextTooLong { .. } => {
                 ("invalid_request_error", Some("context_length_exceeded"))
             }
-            Self::BadRequest(_) | Self::PayloadTooLarge(_) => ("invalid_request_error", None),
+            Self::BadRequest(_) | Self::PayloadTooLarge(_) | Self::InvalidParam { .. } => {
+                ("invalid_request_error", None)
+            }
             Self::UnknownPath(_) => ("invalid_request_error", Some("unknown_url")),
             Self::MethodNotAllowed(_) => ("invalid_request_error", Some("method_not_allowed")),
             Self::NoCapacity { .. } | Self::UpstreamBusy { .. } => {
@@ -81,11 +83,15 @@ impl IntoResponse for EngineError {
             }
         };
         let busy = matches!(self, Self::NoCapacity { .. } | Self::UpstreamBusy { .. });
+        let param = match &self {
+            Self::InvalidParam { param, .. } => Some(param.as_str()),
+            _ => None,
+        };
         let body = if status.is_server_error() && !busy {
             tracing::error!(error = %self, "request failed");
             ErrorBody::server_error()
         } else {
-            ErrorBody::new(self.to_string(), kind, None, code)
+            ErrorBody::new(self.to_string(), kind, param, code)
         };
         let mut res = (status, Json(body)).into_response();
         if busy {
@@ -124,11 +130,14 @@ async fn completions(
     })?;
     let req: ChatRequest =
         serde_json::from_slice(&body).map_err(|e| EngineError::BadRequest(e.to_string()))?;
-    if req.messages.is_empty() {
-        return Err(EngineError::BadRequest("messages must not be empty".into()));
-    }
     if let Some(field) = req.nul_field() {
         return Err(EngineError::BadRequest(field.message()));
+    }
+    if let Some(bad) = req.invalid().or_else(|| req.unsupported_by_simulator()) {
+        return Err(EngineError::InvalidParam {
+            param: bad.param.to_owned(),
+            message: bad.message,
+        });
     }
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let class = match header("x-service-class") {
@@ -150,8 +159,8 @@ async fn completions(
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    let generation = sim.start(&creq, req.stream).await?;
-    if !req.stream {
+    let generation = sim.start(&creq, req.streams()).await?;
+    if !req.streams() {
         let done = generation.finish().await?;
         let mut body = ChatCompletion::of(id, created, req.model, &done);
         body.meterline = Some(Meterline::of(&done));

@@ -1,6 +1,7 @@
 //! The engine's HTTP server on a real socket: errors in OpenAI's shape
 //! (unknown paths, wrong methods, too-large bodies) and a NUL in the query
-//! or the request refused with 400 naming it.
+//! or the request refused with 400 naming it, and what the simulator cannot
+//! do refused with 400 naming the parameter.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
@@ -46,7 +47,7 @@ async fn a_nul_in_the_request_or_the_query_is_a_400_naming_it() {
     let url = start().await;
     let res = chat(
         &url,
-        r#"{"model": "llama-3.1-8b", "messages": [{"content": "hi"}, {"content": "\u0000"}]}"#
+        r#"{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "\u0000"}]}"#
             .into(),
     )
     .await;
@@ -76,4 +77,25 @@ async fn unknown_paths_wrong_methods_and_big_bodies_answer_in_openai_shape() {
     openai_error(chat(&url, huge).await, StatusCode::PAYLOAD_TOO_LARGE).await;
     let res = chat(&url, "{".into()).await;
     openai_error(res, StatusCode::BAD_REQUEST).await;
+}
+
+#[tokio::test]
+async fn what_the_simulator_cannot_do_is_a_400_naming_the_parameter() {
+    let url = start().await;
+    let res = chat(
+        &url,
+        r#"{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "n": 2}"#
+            .into(),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "n", "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let res = chat(
+        &url,
+        r#"{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "temperature": 0.7, "top_p": 0.5}"#.into(),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::OK);
 }

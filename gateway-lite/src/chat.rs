@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use engine::openai::ChatRequest;
+use engine::openai::{ChatRequest, Invalid};
 use engine::{CompletionRequest, EngineError, ServiceClass};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -110,11 +110,8 @@ async fn handle(
 ) -> Result<Response, GatewayError> {
     let req: ChatRequest =
         serde_json::from_slice(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
-    if req.messages.is_empty() {
-        return Err(GatewayError::InvalidParam {
-            param: "messages".into(),
-            message: "messages must contain at least one message".into(),
-        });
+    if let Some(bad) = req.invalid() {
+        return Err(invalid(bad));
     }
     if let Some(field) = req.nul_field() {
         return Err(GatewayError::InvalidParam {
@@ -125,6 +122,12 @@ async fn handle(
     let Some(info) = state.engine.model(&req.model).cloned() else {
         return Err(GatewayError::UnknownModel(req.model));
     };
+    // An HTTP upstream is sent the client's body and decides for itself.
+    if !info.remote {
+        if let Some(bad) = req.unsupported_by_simulator() {
+            return Err(invalid(bad));
+        }
+    }
     *model = Some(req.model.clone());
     let limits = caller.limits_for(&req.model);
     let asked = req.max_output();
@@ -195,7 +198,7 @@ async fn handle(
                     None
                 },
             },
-            req.stream,
+            req.streams(),
         )
         .await
     {
@@ -213,6 +216,7 @@ async fn handle(
         }
     };
     let include_usage = req.include_usage();
+    let streams = req.streams();
     let run = Run {
         state: state.clone(),
         caller: caller.clone(),
@@ -224,7 +228,7 @@ async fn handle(
         permit,
         idempotency,
     };
-    if req.stream {
+    if streams {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         state.runs.spawn(run.stream(generation, tx, include_usage));
         let frames = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -280,6 +284,13 @@ fn replay(stored: Stored) -> Response {
     res
 }
 
+fn invalid(bad: Invalid) -> GatewayError {
+    GatewayError::InvalidParam {
+        param: bad.param.into(),
+        message: bad.message,
+    }
+}
+
 fn engine_error(e: EngineError) -> GatewayError {
     match e {
         EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. } => {
@@ -294,6 +305,10 @@ fn engine_error(e: EngineError) -> GatewayError {
         | EngineError::UnknownPath(_)
         | EngineError::MethodNotAllowed(_) => GatewayError::Engine(e.to_string()),
         EngineError::UnknownModel(model) => GatewayError::UnknownModel(model),
+        EngineError::InvalidParam { param, message } => GatewayError::InvalidParam {
+            param: param.into(),
+            message,
+        },
         EngineError::ContextTooLong { .. } | EngineError::BadRequest(_) => {
             GatewayError::InvalidParam {
                 param: "messages".into(),

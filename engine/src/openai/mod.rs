@@ -19,7 +19,11 @@ pub mod request;
 pub mod response;
 
 pub use error::{ApiError, ErrorBody, ErrorKind, GENERIC_SERVER_ERROR};
-pub use request::{ChatRequest, Message, NulField, StreamOptions};
+pub use request::{
+    ChatRequest, Content, ContentPart, FunctionCall, FunctionDefinition, ImageUrl, InputAudio,
+    Invalid, Message, NamedToolChoice, NulField, ResponseFormat, Role, Stop, StreamOptions, Tool,
+    ToolCall, ToolChoice, ToolChoiceMode, AUDIO_PART_TOKENS, IMAGE_PART_TOKENS,
+};
 pub use response::{
     AssistantMessage, ChatCompletion, ChatCompletionChunk, Choice, ChunkChoice, ChunkStream, Delta,
     FinishReason, Meterline, PromptTokensDetails, Usage,

@@ -1,36 +1,237 @@
 //! The OpenAI chat-completions request as it arrives on the wire, shared by
 //! the engine's own server and the gateway so both read it the same way.
-//! Fields Meterline does not use (temperature, tools, …) are accepted and
-//! ignored, as OpenAI-compatible servers do.
+//!
+//! Everything OpenAI's API accepts in a chat request parses: message
+//! `content` as a string, an array of content parts (`text`, `image_url`,
+//! `input_audio`) or `null` beside `tool_calls`; the roles `system`,
+//! `developer`, `user`, `assistant` and `tool` (with `tool_call_id`); and
+//! `n`, `stop`, `logprobs`, `top_logprobs`, `response_format`, `tools`,
+//! `tool_choice`, `user`, `seed`, `temperature`, `top_p`, `modalities`,
+//! `audio`. Unknown fields are accepted and ignored (an HTTP upstream still
+//! gets them: it is sent the client's own body).
+//!
+//! The simulator reads only the prompt ([`ChatRequest::prompt`]); what it
+//! cannot do it refuses rather than ignores
+//! ([`ChatRequest::unsupported_by_simulator`]).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-#[derive(Debug, Deserialize)]
+/// What an `image_url` content part costs the simulator, in prompt tokens,
+/// whatever the image: OpenAI's price of a `low`-detail image (85 tokens).
+pub const IMAGE_PART_TOKENS: u64 = 85;
+/// What an `input_audio` content part costs the simulator, in prompt
+/// tokens, whatever the clip: 10 s at OpenAI's audio input rate of about
+/// 10 tokens a second.
+pub const AUDIO_PART_TOKENS: u64 = 100;
+
+/// Text standing for an image or an audio clip in the simulator's prompt:
+/// `word` (one cl100k token with its leading space) `tokens` times.
+fn placeholder(word: &str, tokens: u64) -> String {
+    word.repeat(tokens as usize)
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<Message>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<u32>,
-    #[serde(default)]
-    pub stream: bool,
-    #[serde(default)]
+    /// Read through [`ChatRequest::streams`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// Choices to generate; the simulator makes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Tool>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Accepted; the simulator is deterministic per seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Accepted; the simulator is deterministic per seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
+    /// Output modalities: `["text"]`, `["text", "audio"]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modalities: Option<Vec<String>>,
+    /// Audio output settings (`voice`, `format`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<Value>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
 }
 
-/// One chat message; the simulator reads only its text.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
-    pub content: String,
+    pub role: Role,
+    /// `None` (`null` or absent) only beside an assistant's `tool_calls`.
+    #[serde(default)]
+    pub content: Option<Content>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// A `tool` message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    Text { text: String },
+    ImageUrl { image_url: ImageUrl },
+    InputAudio { input_audio: InputAudio },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageUrl {
+    /// An `https://` URL or a `data:` URL.
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputAudio {
+    /// Base64.
+    pub data: String,
+    /// `wav` or `mp3`.
+    pub format: String,
+}
+
+/// A tool call the assistant made, sent back in the conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// JSON text, as the model wrote it.
+    pub arguments: String,
+}
+
+/// A tool the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDefinition,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionDefinition {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A JSON Schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    /// `none`, `auto`, `required`.
+    Mode(ToolChoiceMode),
+    /// `{"type": "function", "function": {"name": ...}}`.
+    Named(NamedToolChoice),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoiceMode {
+    None,
+    Auto,
+    Required,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedToolChoice {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: NamedFunction,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedFunction {
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: Value },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A request parameter the server refuses, with OpenAI's `param`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// The top-level field at fault (OpenAI's `param`).
+    pub param: &'static str,
+    pub message: String,
 }
 
 /// Where a NUL was found: the top-level parameter and the exact path.
@@ -48,7 +249,58 @@ impl NulField {
     }
 }
 
+impl Message {
+    /// The texts of this message with where each sits, e.g.
+    /// `messages[1].content[0].text`.
+    fn texts(&self, i: usize) -> Vec<(String, &str)> {
+        match &self.content {
+            None => Vec::new(),
+            Some(Content::Text(t)) => vec![(format!("messages[{i}].content"), t.as_str())],
+            Some(Content::Parts(parts)) => parts
+                .iter()
+                .enumerate()
+                .filter_map(|(j, p)| match p {
+                    ContentPart::Text { text } => {
+                        Some((format!("messages[{i}].content[{j}].text"), text.as_str()))
+                    }
+                    ContentPart::ImageUrl { .. } | ContentPart::InputAudio { .. } => None,
+                })
+                .collect(),
+        }
+    }
+
+    /// What the simulator sees of this message: its text, each image and
+    /// audio part as placeholder text of its fixed token cost, and the
+    /// tool calls' names and arguments.
+    fn prompt_text(&self) -> String {
+        let mut pieces: Vec<String> = match &self.content {
+            None => Vec::new(),
+            Some(Content::Text(t)) => vec![t.clone()],
+            Some(Content::Parts(parts)) => parts
+                .iter()
+                .map(|p| match p {
+                    ContentPart::Text { text } => text.clone(),
+                    ContentPart::ImageUrl { .. } => placeholder(" image", IMAGE_PART_TOKENS),
+                    ContentPart::InputAudio { .. } => placeholder(" audio", AUDIO_PART_TOKENS),
+                })
+                .collect(),
+        };
+        for call in self.tool_calls.iter().flatten() {
+            pieces.push(format!(
+                "{} {}",
+                call.function.name, call.function.arguments
+            ));
+        }
+        pieces.join("\n")
+    }
+}
+
 impl ChatRequest {
+    /// Whether the answer is streamed as SSE.
+    pub fn streams(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
     /// The first field this server reads that holds a NUL.
     pub fn nul_field(&self) -> Option<NulField> {
         if self.model.contains('\0') {
@@ -59,18 +311,94 @@ impl ChatRequest {
         }
         self.messages
             .iter()
-            .position(|m| m.content.contains('\0'))
-            .map(|i| NulField {
+            .enumerate()
+            .flat_map(|(i, m)| m.texts(i))
+            .find(|(_, text)| text.contains('\0'))
+            .map(|(path, _)| NulField {
                 param: "messages",
-                path: format!("messages[{i}].content"),
+                path,
             })
+    }
+
+    /// What OpenAI refuses in any request: no messages, a message without
+    /// content that is not an assistant's tool calls, a `tool` message
+    /// without `tool_call_id`.
+    pub fn invalid(&self) -> Option<Invalid> {
+        if self.messages.is_empty() {
+            return Some(Invalid {
+                param: "messages",
+                message: "messages must contain at least one message".into(),
+            });
+        }
+        self.messages.iter().enumerate().find_map(|(i, m)| {
+            let calls = m.tool_calls.as_ref().is_some_and(|c| !c.is_empty());
+            let message = if m.content.is_none() && !(m.role == Role::Assistant && calls) {
+                format!(
+                    "messages[{i}].content must be set, unless an assistant message has tool_calls"
+                )
+            } else if m.role == Role::Tool && m.tool_call_id.is_none() {
+                format!("messages[{i}] has role tool but no tool_call_id")
+            } else {
+                return None;
+            };
+            Some(Invalid {
+                param: "messages",
+                message,
+            })
+        })
+    }
+
+    /// What the simulator cannot do, refused rather than ignored: several
+    /// choices, log probabilities, forced or named tool calls, JSON-schema
+    /// output and audio output.
+    pub fn unsupported_by_simulator(&self) -> Option<Invalid> {
+        let refuse = |param: &'static str, what: &str| {
+            Some(Invalid {
+                param,
+                message: format!("{what} is not supported by simulated models"),
+            })
+        };
+        if self.n.is_some_and(|n| n > 1) {
+            return refuse("n", "n greater than 1");
+        }
+        if self.logprobs == Some(true) {
+            return refuse("logprobs", "logprobs");
+        }
+        if self.top_logprobs.is_some_and(|n| n > 0) {
+            return refuse("top_logprobs", "top_logprobs");
+        }
+        match &self.tool_choice {
+            None | Some(ToolChoice::Mode(ToolChoiceMode::Auto | ToolChoiceMode::None)) => {}
+            Some(ToolChoice::Mode(ToolChoiceMode::Required)) => {
+                return refuse("tool_choice", "tool_choice \"required\"")
+            }
+            Some(ToolChoice::Named(_)) => return refuse("tool_choice", "a named tool_choice"),
+        }
+        if matches!(
+            self.response_format,
+            Some(ResponseFormat::JsonSchema { .. })
+        ) {
+            return refuse("response_format", "response_format json_schema");
+        }
+        if self
+            .modalities
+            .iter()
+            .flatten()
+            .any(|m| m.as_str() == "audio")
+        {
+            return refuse("modalities", "audio output");
+        }
+        if self.audio.as_ref().is_some_and(|a| !a.is_null()) {
+            return refuse("audio", "audio output");
+        }
+        None
     }
 
     /// The messages flattened into the prompt the engine sees.
     pub fn prompt(&self) -> String {
         self.messages
             .iter()
-            .map(|m| m.content.as_str())
+            .map(Message::prompt_text)
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -91,16 +419,175 @@ impl ChatRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn parse(body: &str) -> ChatRequest {
+        serde_json::from_str(body).unwrap()
+    }
+
+    /// Parsed and written back, an OpenAI-shaped request is unchanged.
+    fn round_trip(sample: Value) -> ChatRequest {
+        let req: ChatRequest = serde_json::from_value(sample.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&req).unwrap(), sample);
+        req
+    }
 
     #[test]
     fn a_nul_is_found_in_the_model_or_a_message() {
-        let parse = |body: &str| serde_json::from_str::<ChatRequest>(body).unwrap();
-        let ok = parse(r#"{"model": "m", "messages": [{"content": "hi"}]}"#);
+        let ok = parse(r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#);
         assert_eq!(ok.nul_field(), None);
-        let model = parse(r#"{"model": "m\u0000", "messages": [{"content": "hi"}]}"#);
+        let model =
+            parse(r#"{"model": "m\u0000", "messages": [{"role": "user", "content": "hi"}]}"#);
         assert_eq!(model.nul_field().unwrap().param, "model");
-        let second =
-            parse(r#"{"model": "m", "messages": [{"content": "hi"}, {"content": "a\u0000b"}]}"#);
+        let second = parse(
+            r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "a\u0000b"}]}"#,
+        );
         assert_eq!(second.nul_field().unwrap().path, "messages[1].content");
+        let part = parse(
+            r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a\u0000"}]}]}"#,
+        );
+        assert_eq!(
+            part.nul_field().unwrap().path,
+            "messages[0].content[0].text"
+        );
+    }
+
+    #[test]
+    fn content_parts_round_trip() {
+        let req = round_trip(json!({
+            "model": "gpt-4o",
+            "messages": [
+                {"role": "developer", "content": "Answer briefly."},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "What is in this image, and what is said?"},
+                    {"type": "image_url", "image_url": {"url": "https://upload.wikimedia.org/boardwalk.jpg", "detail": "low"}},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                    {"type": "input_audio", "input_audio": {"data": "UklGRiQAAABXQVZF", "format": "wav"}}
+                ]}
+            ],
+            "max_completion_tokens": 300,
+            "temperature": 0.2,
+            "top_p": 0.9,
+            "seed": 42,
+            "user": "user-1234",
+            "stop": ["\n\n", "END"],
+            "n": 1
+        }));
+        assert!(matches!(&req.messages[1].content, Some(Content::Parts(p)) if p.len() == 4));
+        assert_eq!(req.unsupported_by_simulator(), None);
+        assert_eq!(req.invalid(), None);
+    }
+
+    #[test]
+    fn tool_calls_and_tool_messages_round_trip() {
+        let req = round_trip(json!({
+            "model": "gpt-4.1",
+            "messages": [
+                {"role": "system", "content": "You are a weather bot."},
+                {"role": "user", "content": "What's the weather in Paris?"},
+                {"role": "assistant", "content": null, "tool_calls": [{
+                    "id": "call_abc123", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"location\":\"Paris\"}"}
+                }]},
+                {"role": "tool", "tool_call_id": "call_abc123", "content": "{\"temperature_c\": 14}"}
+            ],
+            "tools": [{"type": "function", "function": {
+                "name": "get_weather",
+                "description": "Current weather for a city",
+                "parameters": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]},
+                "strict": true
+            }}],
+            "tool_choice": "auto",
+            "parallel_tool_calls": false,
+            "response_format": {"type": "json_object"},
+            "stop": "END",
+            "logprobs": false,
+            "stream": true,
+            "stream_options": {"include_usage": true}
+        }));
+        assert_eq!(req.invalid(), None);
+        assert_eq!(req.unsupported_by_simulator(), None);
+        assert!(req.streams() && req.include_usage());
+        assert!(req
+            .prompt()
+            .contains("get_weather {\"location\":\"Paris\"}"));
+    }
+
+    #[test]
+    fn what_the_simulator_cannot_do_is_refused_naming_the_parameter() {
+        let base = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        let with = |field: &str, value: Value| {
+            let mut body = base.clone();
+            body[field] = value;
+            serde_json::from_value::<ChatRequest>(body)
+                .unwrap()
+                .unsupported_by_simulator()
+                .map(|i| i.param)
+        };
+        assert_eq!(with("n", json!(2)), Some("n"));
+        assert_eq!(with("n", json!(1)), None);
+        assert_eq!(with("logprobs", json!(true)), Some("logprobs"));
+        assert_eq!(with("top_logprobs", json!(3)), Some("top_logprobs"));
+        assert_eq!(with("tool_choice", json!("required")), Some("tool_choice"));
+        assert_eq!(
+            with(
+                "tool_choice",
+                json!({"type": "function", "function": {"name": "f"}})
+            ),
+            Some("tool_choice")
+        );
+        assert_eq!(with("tool_choice", json!("none")), None);
+        assert_eq!(
+            with(
+                "response_format",
+                json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})
+            ),
+            Some("response_format")
+        );
+        assert_eq!(
+            with("modalities", json!(["text", "audio"])),
+            Some("modalities")
+        );
+        assert_eq!(with("modalities", json!(["text"])), None);
+        assert_eq!(
+            with("audio", json!({"voice": "alloy", "format": "wav"})),
+            Some("audio")
+        );
+        assert_eq!(with("temperature", json!(1.5)), None);
+    }
+
+    #[test]
+    fn null_content_without_tool_calls_and_tool_without_id_are_invalid() {
+        let null = parse(r#"{"model": "m", "messages": [{"role": "user", "content": null}]}"#);
+        assert_eq!(null.invalid().unwrap().param, "messages");
+        let tool = parse(r#"{"model": "m", "messages": [{"role": "tool", "content": "x"}]}"#);
+        assert!(tool.invalid().unwrap().message.contains("tool_call_id"));
+        let empty = parse(r#"{"model": "m", "messages": []}"#);
+        assert_eq!(empty.invalid().unwrap().param, "messages");
+    }
+
+    #[test]
+    fn images_and_audio_cost_their_fixed_tokens() {
+        let text = "Describe this picture";
+        let plain = parse(
+            &json!({"model": "m", "messages": [{"role": "user", "content": text}]}).to_string(),
+        );
+        let parts = parse(
+            &json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": text},
+                {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+                {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}
+            ]}]})
+            .to_string(),
+        );
+        let count = |r: &ChatRequest| crate::tokenizer::count(&r.prompt());
+        assert_eq!(
+            count(&parts),
+            count(&plain) + IMAGE_PART_TOKENS + AUDIO_PART_TOKENS + 2,
+            "the text, each part's fixed cost, and the two newlines between parts"
+        );
+        // A text part counts like the same string content.
+        let one_part = parse(&json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}).to_string());
+        assert_eq!(count(&one_part), count(&plain));
     }
 }

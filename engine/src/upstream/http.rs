@@ -162,9 +162,10 @@ impl HttpUpstream {
         let status = response.status();
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
-            let message = serde_json::from_str::<ErrorBody>(&text)
-                .map(|b| b.error.message)
-                .unwrap_or_else(|_| text.chars().take(300).collect());
+            let body = serde_json::from_str::<ErrorBody>(&text).ok();
+            let param = body.as_ref().and_then(|b| b.error.param.clone());
+            let message =
+                body.map_or_else(|| text.chars().take(300).collect(), |b| b.error.message);
             return Err(match status {
                 StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
                     EngineError::UpstreamBusy {
@@ -173,7 +174,10 @@ impl HttpUpstream {
                     }
                 }
                 StatusCode::NOT_FOUND => EngineError::UnknownModel(c.model.clone()),
-                s if s.is_client_error() => EngineError::BadRequest(message),
+                s if s.is_client_error() => match param {
+                    Some(param) => EngineError::InvalidParam { param, message },
+                    None => EngineError::BadRequest(message),
+                },
                 s => upstream_error(format!("{s}: {message}")),
             });
         }
