@@ -227,6 +227,49 @@ async fn http_upstream_usage_and_gpu_time_add_up() {
     let billed: Decimal = reported.values().map(|e| e.2).sum();
     assert_eq!(billed, busy, "{engine_metrics}");
 
+    // The OpenAI request shapes pass through: content parts, a tool call
+    // with null content and a tool message reach the upstream and are
+    // answered; what the upstream refuses keeps its `param`.
+    let conversation = json!({
+        "model": DERIVED,
+        "messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "weather in Paris?"},
+                {"type": "image_url", "image_url": {"url": "https://example.com/paris.png"}}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "14 C"}
+        ],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+        "max_tokens": 8,
+    });
+    let res = client
+        .post(&chat)
+        .bearer_auth(KEY)
+        .json(&conversation)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        200,
+        "{}",
+        res.text().await.unwrap_or_default()
+    );
+    let mut refused = conversation.clone();
+    refused["n"] = json!(2);
+    let res = client
+        .post(&chat)
+        .bearer_auth(KEY)
+        .json(&refused)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "n", "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+
     // The upstream going away: 502 in OpenAI's shape, nothing billed.
     engine.kill9().await;
     let res = client
@@ -240,9 +283,16 @@ async fn http_upstream_usage_and_gpu_time_add_up() {
     assert!(res.headers().contains_key("x-request-id"));
     let body: Value = res.json().await.unwrap();
     assert_eq!(body["error"]["type"], "server_error");
+    let total =
+        || async { events(&stack, DERIVED).await.len() + events(&stack, REPORTED).await.len() };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while total().await < 24 + 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        events(&stack, DERIVED).await.len() + events(&stack, REPORTED).await.len(),
-        24
+        total().await,
+        24 + 1,
+        "the traffic and the tool conversation"
     );
 }
