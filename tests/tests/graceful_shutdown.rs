@@ -51,10 +51,7 @@ async fn engine_finishes_a_stream_in_flight_then_exits_0_on_sigterm() {
     assert!(res.status().is_success());
     let first = res.chunk().await.unwrap().expect("a first chunk");
     assert!(!first.is_empty());
-    let pid = svc.pid().unwrap();
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status();
+    svc.signal_term();
     let mut rest = String::new();
     while let Some(chunk) = res.chunk().await.unwrap() {
         rest.push_str(&String::from_utf8_lossy(&chunk));
