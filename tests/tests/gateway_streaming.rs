@@ -142,11 +142,7 @@ async fn sigterm_lets_admitted_streams_finish_and_their_events_reach_the_broker(
 
     // SIGTERM mid-stream: the gateway stops taking requests but the stream
     // runs to its end, its event is written, relayed, and then it exits 0.
-    let pid = gateway.pid().unwrap();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
+    gateway.signal_term();
     let rest = read_sse(&mut res, 10_000).await;
     assert_eq!(rest.last().map(String::as_str), Some("[DONE]"));
     let streamed = 2 + chunks(&rest)
