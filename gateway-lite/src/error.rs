@@ -151,15 +151,20 @@ impl IntoResponse for GatewayError {
         let retry_after = match &self {
             Self::NoCapacity(detail) => {
                 tracing::warn!(detail = %detail, "engine has no capacity");
-                Some(crate::limits::retry_after_secs(std::time::Duration::ZERO))
+                Some(crate::limits::RetryAfter::no_capacity())
             }
-            Self::RateLimited(r) => Some(crate::limits::retry_after_secs(r.wait)),
+            Self::RateLimited(r) => Some(crate::limits::RetryAfter::rate_limited(r.wait)),
             _ => None,
         };
-        if let Some(secs) = retry_after {
-            res.headers_mut().insert(
+        if let Some(after) = retry_after {
+            let headers = res.headers_mut();
+            headers.insert(
                 axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from(secs),
+                axum::http::HeaderValue::from(after.secs()),
+            );
+            headers.insert(
+                axum::http::HeaderName::from_static("retry-after-ms"),
+                axum::http::HeaderValue::from(after.millis),
             );
         }
         res

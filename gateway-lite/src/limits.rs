@@ -443,11 +443,42 @@ pub fn apply_headers(headers: &mut HeaderMap, status: &RateStatus) {
     }
 }
 
-/// `Retry-After` in whole seconds: the wait rounded up plus up to two
-/// seconds of jitter, so rejected clients do not come back in lockstep.
-pub fn retry_after_secs(wait: Duration) -> u64 {
-    let jitter: f64 = rand::random::<f64>() * 2.0;
-    (wait.as_secs_f64() + jitter).ceil().max(1.0) as u64
+/// How long a refused client is told to wait before retrying, to the
+/// millisecond: sent as `retry-after-ms` (exact; the OpenAI SDK reads it)
+/// and as `Retry-After` in whole seconds rounded up (RFC 9110). Jittered, so
+/// refused clients do not come back in lockstep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryAfter {
+    pub millis: u64,
+}
+
+/// A 503 for capacity waits 5 s plus up to 5 s more.
+const NO_CAPACITY_WAIT_MS: u64 = 5_000;
+const NO_CAPACITY_JITTER_MS: u64 = 5_000;
+/// A 429 waits for its limit, plus up to 2 s more.
+const RATE_LIMITED_JITTER_MS: u64 = 2_000;
+
+impl RetryAfter {
+    /// After a 503 for capacity: uniform in [5 s, 10 s].
+    pub fn no_capacity() -> Self {
+        Self {
+            millis: NO_CAPACITY_WAIT_MS + rand::random_range(0..=NO_CAPACITY_JITTER_MS),
+        }
+    }
+
+    /// After a 429: the limit's own `wait` (rounded up to the millisecond)
+    /// plus uniform jitter in [0, 2 s].
+    pub fn rate_limited(wait: Duration) -> Self {
+        let wait_ms = u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        Self {
+            millis: wait_ms.saturating_add(rand::random_range(0..=RATE_LIMITED_JITTER_MS)),
+        }
+    }
+
+    /// `Retry-After`: whole seconds, rounded up, at least 1.
+    pub fn secs(self) -> u64 {
+        self.millis.div_ceil(1_000).max(1)
+    }
 }
 
 #[cfg(test)]
@@ -559,11 +590,33 @@ mod tests {
 
     #[test]
     fn retry_after_is_jittered_and_at_least_the_wait() {
-        let seen: std::collections::HashSet<u64> = (0..200)
-            .map(|_| retry_after_secs(Duration::from_millis(1500)))
+        let limited: Vec<RetryAfter> = (0..500)
+            .map(|_| RetryAfter::rate_limited(Duration::from_micros(1_500_100)))
             .collect();
-        assert!(seen.iter().all(|s| (2..=4).contains(s)), "{seen:?}");
-        assert!(seen.len() > 1, "not a bare constant: {seen:?}");
+        // The limit's own wait, rounded up to the millisecond, plus [0, 2 s].
+        assert!(
+            limited.iter().all(|r| (1_501..=3_501).contains(&r.millis)),
+            "{limited:?}"
+        );
+        assert!(limited.iter().all(|r| r.secs() == r.millis.div_ceil(1_000)));
+        let capacity: Vec<RetryAfter> = (0..500).map(|_| RetryAfter::no_capacity()).collect();
+        assert!(
+            capacity
+                .iter()
+                .all(|r| (5_000..=10_000).contains(&r.millis)),
+            "{capacity:?}"
+        );
+        let distinct: std::collections::HashSet<u64> = capacity.iter().map(|r| r.millis).collect();
+        assert!(
+            distinct.len() > 100,
+            "jittered, not a constant: {}",
+            distinct.len()
+        );
+        // Spread over the whole window, not bunched at one end.
+        assert!(
+            capacity.iter().any(|r| r.millis < 6_000) && capacity.iter().any(|r| r.millis > 9_000)
+        );
+        assert_eq!(RetryAfter { millis: 0 }.secs(), 1, "never Retry-After: 0");
     }
 
     #[test]

@@ -45,6 +45,13 @@ async fn expect_429(res: reqwest::Response, limit: &str) {
     }
     let retry: u64 = header(&res, "retry-after").parse().unwrap();
     assert!((1..=120).contains(&retry), "Retry-After {retry}");
+    // The exact wait the OpenAI SDK reads, and the seconds rounded up from it.
+    let retry_ms: u64 = header(&res, "retry-after-ms").parse().unwrap();
+    assert_eq!(
+        retry,
+        retry_ms.div_ceil(1_000).max(1),
+        "retry-after-ms {retry_ms}"
+    );
     assert!(res.headers().contains_key("x-request-id"));
     let v: Value = res.json().await.unwrap();
     assert_eq!(v["error"]["type"], limit, "{v}");
@@ -274,8 +281,14 @@ async fn tenant_and_global_rates_are_429_and_a_full_engine_is_503() {
     }
     let refused = refused.expect("the flood was never refused");
     assert!(held.len() >= 2, "several long requests fit first");
+    // No capacity: come back in 5 s plus up to 5 s of jitter.
     let retry: u64 = header(&refused, "retry-after").parse().unwrap();
-    assert!(retry >= 1);
+    let retry_ms: u64 = header(&refused, "retry-after-ms").parse().unwrap();
+    assert!(
+        (5_000..=10_000).contains(&retry_ms),
+        "retry-after-ms {retry_ms}"
+    );
+    assert_eq!(retry, retry_ms.div_ceil(1_000), "Retry-After {retry}");
     assert!(refused.headers().contains_key("x-request-id"));
     let v: Value = refused.json().await.unwrap();
     assert_eq!(v["error"]["code"], "no_capacity", "{v}");
