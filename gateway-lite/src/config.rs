@@ -54,12 +54,23 @@ pub struct GatewayConfig {
     /// Simulated engine speed: 1 = real time, N = N times faster, 0 = no waiting.
     #[arg(long, env = "ENGINE_SPEEDUP", default_value_t = 1)]
     pub engine_speedup: u32,
+    /// On SIGTERM, how long `/readyz` answers 503 while the gateway still
+    /// accepts requests, before it stops accepting: set it to the time
+    /// your load balancer takes to notice (health-check interval ×
+    /// failures). 0 (the default) stops accepting at once.
+    #[arg(long, env = "GATEWAY_DRAIN_DELAY_MS", default_value_t = 0)]
+    pub drain_delay_ms: u64,
     /// Slow-client bounds and the shutdown grace of the listener.
     #[command(flatten)]
     pub http: serving::HttpSettings,
 }
 
 impl GatewayConfig {
+    /// [`drain_delay_ms`](Self::drain_delay_ms) as a duration.
+    pub fn drain_delay(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.drain_delay_ms)
+    }
+
     pub fn request_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.request_timeout_secs)
     }
@@ -93,6 +104,12 @@ impl GatewayConfig {
             return Err(GatewayError::Config(format!(
                 "GATEWAY_REQUEST_TIMEOUT_SECS must be between 1 and 86400, got {}",
                 self.request_timeout_secs
+            )));
+        }
+        if self.drain_delay_ms > 600_000 {
+            return Err(GatewayError::Config(format!(
+                "GATEWAY_DRAIN_DELAY_MS must be at most 600000 (10 minutes), got {}",
+                self.drain_delay_ms
             )));
         }
         if self.kafka_brokers.trim().is_empty() {

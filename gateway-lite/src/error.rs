@@ -47,6 +47,8 @@ pub enum GatewayError {
     #[error("the upstream engine failed: {0}")]
     Upstream(String),
     /// The engine's replica is too full for this tenant's class.
+    #[error("the gateway is shutting down; send new requests to another gateway")]
+    Draining,
     #[error(
         "the model is at capacity for this request's class; retry after the Retry-After interval"
     )]
@@ -74,7 +76,9 @@ impl GatewayError {
             Self::UnknownModel(_) | Self::UnknownPath(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Outbox(_) | Self::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Outbox(_) | Self::NoCapacity(_) | Self::Draining => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::IdempotencyInFlight => StatusCode::CONFLICT,
             Self::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
@@ -102,6 +106,7 @@ impl GatewayError {
             Self::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
             Self::Outbox(_) => ("server_error", Some("usage_not_recorded")),
             Self::NoCapacity(_) => ("server_error", Some("no_capacity")),
+            Self::Draining => ("server_error", Some("draining")),
             Self::Timeout(_) => ("timeout", Some("request_timeout")),
             Self::RateLimited(r) => (r.limit.as_str(), Some("rate_limit_exceeded")),
             Self::IdempotencyInFlight => ("invalid_request_error", Some("idempotency_key_in_use")),

@@ -34,6 +34,7 @@ pub mod idempotency;
 pub mod limits;
 pub mod metering;
 pub mod outbox;
+pub mod readiness;
 pub mod relay;
 pub mod seed;
 pub mod service;

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -23,6 +23,7 @@ use crate::error::GatewayError;
 use crate::idempotency::Idempotency;
 use crate::limits::Limiter;
 use crate::outbox::Outbox;
+use crate::readiness::Readiness;
 use crate::tenants::Registry;
 use crate::{chat, relay, seed, telemetry};
 
@@ -43,6 +44,8 @@ pub struct AppState {
     /// Every admitted request's task, so shutdown waits until each one has
     /// written its usage event.
     pub runs: TaskTracker,
+    /// What `/readyz` answers; drained on SIGTERM.
+    pub readiness: Readiness,
 }
 
 /// The HTTP API. Every response, error or not, carries `X-Request-Id`
@@ -53,7 +56,13 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
     let mut router = Router::new()
         .route("/v1/chat/completions", post(chat::completions))
         .route("/v1/models", get(chat::models))
-        .route("/healthz", get(|| async { "ok" }));
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(state): State<AppState>| async move {
+                crate::readiness::answer(&state.readiness)
+            }),
+        );
     if let Some(handle) = metrics {
         let (engine, outbox) = (state.engine.clone(), state.outbox.clone());
         router = router.route(
@@ -150,8 +159,21 @@ pub async fn run(
         limiter: Limiter::new(config.global_rate()),
         idempotency: Idempotency::new(outbox.clone()),
         runs: TaskTracker::new(),
+        readiness: Readiness::default(),
     };
     let runs = state.runs.clone();
+    // Fail readiness first, keep accepting while the load balancer notices,
+    // then stop accepting (serving drains what is in flight).
+    let (readiness, delay) = (state.readiness.clone(), config.drain_delay());
+    let shutdown = async move {
+        shutdown.await;
+        readiness.drain();
+        tracing::info!(
+            ?delay,
+            "shutting down: readiness fails; still accepting for the drain delay"
+        );
+        tokio::time::sleep(delay).await;
+    };
     state.idempotency.spawn_sweeper(Duration::from_secs(600));
     tracing::info!(addr = %config.addr, "gateway listening");
     serving::serve(

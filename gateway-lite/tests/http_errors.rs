@@ -54,6 +54,7 @@ async fn start() -> Gateway {
         limiter: Limiter::default(),
         idempotency: Idempotency::new(outbox),
         runs: tokio_util::task::TaskTracker::new(),
+        readiness: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -96,3 +96,58 @@ async fn rollup_exits_0_on_sigterm() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_stops_on_sigterm(svc).await;
 }
+
+/// Behind a load balancer: on SIGTERM the gateway fails `/readyz` at once
+/// while it is still alive (`/healthz`) and still answering requests for
+/// its drain delay, then stops accepting and exits 0 with every answered
+/// request's event relayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_fails_readiness_first_then_drains_and_exits_0() {
+    let stack = tests::TestStack::new("readyz").await;
+    tests::gateway::seed_tenant(
+        &stack,
+        "ready-co",
+        "sk-test-ready-co-0001",
+        Default::default(),
+    )
+    .await;
+    let (mut gateway, url) = tests::gateway::start_gateway_with(
+        &stack,
+        0,
+        &[("GATEWAY_DRAIN_DELAY_MS", "2000".to_owned())],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let ready = client.get(format!("{url}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let chat = || {
+        client
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth("sk-test-ready-co-0001")
+            .json(&serde_json::json!({
+                "model": "llama-3.1-8b",
+                "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 8
+            }))
+            .send()
+    };
+    assert_eq!(chat().await.unwrap().status(), 200);
+
+    gateway.signal_term();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let draining = client.get(format!("{url}/readyz")).send().await.unwrap();
+    assert_eq!(draining.status(), 503, "readiness fails first");
+    let body: serde_json::Value = draining.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "draining", "{body}");
+    let alive = client.get(format!("{url}/healthz")).send().await.unwrap();
+    assert_eq!(alive.status(), 200, "still alive while draining");
+    let late = chat().await.unwrap();
+    assert_eq!(late.status(), 200, "still answering during the drain delay");
+
+    let status = gateway.wait_exit(Duration::from_secs(30)).await;
+    assert!(status.is_some_and(|s| s.success()), "exit: {status:?}");
+    assert!(
+        client.get(format!("{url}/healthz")).send().await.is_err(),
+        "not accepting after it exited"
+    );
+}

@@ -91,6 +91,7 @@ async fn main() -> anyhow::Result<()> {
         limiter: Limiter::default(),
         idempotency: Idempotency::new(outbox.clone()),
         runs: tokio_util::task::TaskTracker::new(),
+        readiness: Default::default(),
     };
     let (stop_relay, stop_rx) = tokio::sync::watch::channel(false);
     let relay = match std::env::var("KAFKA_BROKERS") {
