@@ -129,7 +129,7 @@ impl Backfill<'_> {
                 "demo: {} is already finalized for every tenant (an earlier run backfilled it); skipping the backfill",
                 month.period
             );
-            let exact = self.billed_matches(&expected, &from, &to).await?;
+            let exact = self.ingested(&expected, &from, &to).await?.1;
             if !exact {
                 println!(
                     "demo: (that month was backfilled with other DEMO_SEED / DEMO_BACKFILL_* settings than this run's; its invoices are shown as they were finalized)"
@@ -144,7 +144,7 @@ impl Backfill<'_> {
             });
         }
         let started = Instant::now();
-        if !self.billed_matches(&expected, &from, &to).await? {
+        if !self.ingested(&expected, &from, &to).await?.1 {
             println!(
                 "demo: backfilling {}: {} events of the five reference tenants, {} to {}, through the topic {}",
                 month.period, self.events, from, to, self.topic
@@ -165,7 +165,7 @@ impl Backfill<'_> {
                 *invoice = self.billing.finalize(&t.name, &month.period).await?;
             }
         }
-        let exact = self.billed_matches(&expected, &from, &to).await?;
+        let exact = self.ingested(&expected, &from, &to).await?.1;
         Ok(Done {
             month,
             expected,
@@ -173,16 +173,6 @@ impl Backfill<'_> {
             took: Some(started.elapsed()),
             exact,
         })
-    }
-
-    /// Whether billing-api shows exactly the sample's totals for every tenant.
-    async fn billed_matches(
-        &self,
-        expected: &Summary,
-        from: &str,
-        to: &str,
-    ) -> anyhow::Result<bool> {
-        Ok(self.ingested(expected, from, to).await?.1)
     }
 
     /// (requests billing shows over the tenants, whether every tenant's

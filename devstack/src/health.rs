@@ -15,15 +15,18 @@ pub fn free_port() -> Result<u16> {
         .map_err(DevstackError::io("binding a free port on 127.0.0.1"))
 }
 
+/// A TCP connection to `addr` (`host:port`, a name or an IP), trying each
+/// address it resolves to for up to 2 s.
+pub fn connect(addr: &str) -> Option<TcpStream> {
+    let addrs: Vec<SocketAddr> = addr.to_socket_addrs().ok()?.collect();
+    addrs
+        .iter()
+        .find_map(|a| TcpStream::connect_timeout(a, Duration::from_secs(2)).ok())
+}
+
 /// Whether something accepts TCP connections at `addr` (`host:port`).
 pub fn port_open(addr: &str) -> bool {
-    let Ok(addrs) = addr.to_socket_addrs() else {
-        return false;
-    };
-    addrs
-        .collect::<Vec<SocketAddr>>()
-        .iter()
-        .any(|a| TcpStream::connect_timeout(a, Duration::from_secs(2)).is_ok())
+    connect(addr).is_some()
 }
 
 /// Polls `ready` every 100 ms until it says yes; fails after `within`

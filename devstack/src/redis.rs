@@ -5,7 +5,6 @@
 //! one on these machines does: a restart starts empty.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -35,13 +34,10 @@ pub fn address(url: &str) -> Result<String> {
     })
 }
 
-/// Whether a Redis server at `addr` answers `PING` with `+PONG`.
+/// Whether a Redis server at `addr` (`host:port`, a name or an IP)
+/// answers `PING` with `+PONG`.
 pub fn pings(addr: &str) -> bool {
-    let Ok(mut stream) = addr
-        .parse()
-        .map_err(|_| ())
-        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).map_err(|_| ()))
-    else {
+    let Some(mut stream) = crate::health::connect(addr) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
@@ -184,6 +180,8 @@ mod tests {
         let mut redis = PrivateRedis::start().await.expect("private redis");
         let addr = address(&redis.url()).expect("url");
         assert!(pings(&addr));
+        // A host name, as a REDIS_URL may well carry, resolves too.
+        assert!(pings(&addr.replace("127.0.0.1", "localhost")));
         redis.kill9().await;
         assert!(!pings(&addr), "killed redis still answers");
         redis.restart().await.expect("restart");
