@@ -3,6 +3,7 @@
 
 use axum::http::StatusCode;
 
+use crate::identity::IdentityError;
 use crate::profile::ProfileError;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,6 +49,9 @@ pub enum EngineError {
     /// An HTTP upstream answered 429 or 503: it has no room now.
     #[error("no capacity upstream for {model}: {detail}")]
     UpstreamBusy { model: String, detail: String },
+    /// The request's `x-meterline-identity` is missing or does not verify (401).
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
     /// A setting of the engine or of an upstream is wrong.
     #[error("{0}")]
     Config(String),
@@ -57,6 +61,7 @@ impl EngineError {
     pub fn status_code(&self) -> StatusCode {
         match self {
             Self::UnknownModel(_) | Self::UnknownPath(_) => StatusCode::NOT_FOUND,
+            Self::Identity(_) => StatusCode::UNAUTHORIZED,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ContextTooLong { .. } | Self::BadRequest(_) | Self::InvalidParam { .. } => {

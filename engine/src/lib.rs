@@ -22,6 +22,7 @@
 //! - [`upstream`]: which engine serves a model — the simulator in process or an
 //!   OpenAI-compatible server such as vLLM over HTTP, with GPU time derived
 //!   from wall time when the server reports none
+//! - [`identity`]: the signed tenant identity a gateway forwards to an engine
 //! - [`error`]: the crate's error enum and its HTTP status codes
 //!
 //! Invariants:
@@ -29,12 +30,15 @@
 //!   exactly one request, in integer micro-GPU-seconds: the attributed sum
 //!   equals busy GPU-seconds exactly. Idle time is counted apart.
 //! - A prefix-cache lookup only ever sees the caller's own tenant's entries.
+//! - The `engine` server takes a tenant and class only from a verified
+//!   [`identity`] token, never from a plain header.
 //! - `cached_tokens < prompt_tokens` (at least one prompt token is computed).
 //! - A replica is deterministic: the same timeline gives the same outcomes.
 
 pub mod attribution;
 pub mod clock;
 pub mod error;
+pub mod identity;
 pub mod kv;
 pub mod metrics;
 pub mod openai;

@@ -5,8 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use clap::Parser;
+use engine::identity::{Secret, MIN_SECRET_BYTES};
 use engine::{ModelProfile, Simulator};
 
 /// Settings, each also an environment variable.
@@ -25,20 +26,28 @@ struct EngineConfig {
     /// Pacing: 1 = real time, N = N times faster, 0 = no waiting (figures unchanged).
     #[arg(long, env = "ENGINE_SPEEDUP", default_value_t = 1)]
     speedup: u32,
+    /// Required: the secret shared with the gateway that signs `x-meterline-identity`
+    /// (at least 32 bytes); chat completions without a valid identity are refused.
+    #[arg(long, env = "ENGINE_IDENTITY_SECRET", hide_env_values = true)]
+    identity_secret: Option<String>,
     /// Slow-client bounds and the shutdown grace of the listener.
     #[command(flatten)]
     http: serving::HttpSettings,
 }
 
 impl EngineConfig {
-    fn validate(&self) -> anyhow::Result<()> {
+    /// Checks the settings; returns the identity secret.
+    fn validate(&self) -> anyhow::Result<Secret> {
         if self.speedup > 1_000_000 {
             bail!(
                 "ENGINE_SPEEDUP must be between 0 and 1000000, got {}",
                 self.speedup
             );
         }
-        Ok(())
+        let Some(secret) = &self.identity_secret else {
+            bail!("ENGINE_IDENTITY_SECRET is required: the secret shared with the gateway (identity_secret_env of its upstream), at least {MIN_SECRET_BYTES} bytes");
+        };
+        Secret::new(secret.as_bytes()).map_err(|e| anyhow!("ENGINE_IDENTITY_SECRET {e}"))
     }
 }
 
@@ -50,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let config = EngineConfig::parse();
-    config.validate()?;
+    let secret = config.validate()?;
     let profiles = match &config.profiles {
         Some(path) => ModelProfile::load(path)?,
         None => ModelProfile::reference(),
@@ -60,8 +69,14 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("ENGINE_ADDR {}", config.addr))?;
     tracing::info!(addr = %config.addr, models = sim.models().len(), "engine listening");
-    engine::server::run(listener, sim, config.http, serving::shutdown_signal())
-        .await
-        .context("serving")?;
+    engine::server::run(
+        listener,
+        sim,
+        secret,
+        config.http,
+        serving::shutdown_signal(),
+    )
+    .await
+    .context("serving")?;
     Ok(())
 }

@@ -3,9 +3,13 @@
 //! `prompt_tokens_details.cached_tokens`), `GET /v1/models`, `GET /metrics`
 //! (see [`metrics`](crate::metrics)) and `GET /health`.
 //!
-//! The tenant (prefix-cache key) comes from the `X-Tenant-Id` header and
-//! the admission class from `X-Service-Class` (`best-effort`, `standard`,
-//! `reserved`; default standard). When the client goes away the handler's
+//! The tenant (prefix-cache key) and the admission class (`best-effort`,
+//! `standard`, `reserved`) come only from the signed `x-meterline-identity`
+//! header (see [`identity`](crate::identity)), checked against the secret
+//! the server is built with; a chat completion without a valid one is 401
+//! `invalid_identity` before anything starts on the simulator. Plain
+//! `X-Tenant-Id` / `X-Service-Class` headers are ignored. `/v1/models`,
+//! `/metrics` and `/health` need no identity. When the client goes away the handler's
 //! future or the SSE stream is dropped, which drops the [`Generation`] and
 //! cancels the request on its replica. Errors use OpenAI's shape (unknown
 //! paths, wrong methods, a body too large and a NUL in the request
@@ -31,12 +35,20 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
 use crate::error::EngineError;
+use crate::identity::{self, Secret};
 use crate::openai::{ChatCompletion, ChatRequest, ChunkStream, ErrorBody, Meterline};
-use crate::scheduler::ServiceClass;
 use crate::simulator::{CompletionRequest, Generation, Piece, Simulator};
 
-/// The engine's HTTP API.
-pub fn app(sim: Arc<Simulator>) -> Router {
+/// What the handlers share.
+#[derive(Clone)]
+struct EngineState {
+    sim: Arc<Simulator>,
+    /// Verifies `x-meterline-identity`.
+    secret: Arc<Secret>,
+}
+
+/// The engine's HTTP API; chat completions need an identity signed with `secret`.
+pub fn app(sim: Arc<Simulator>, secret: Secret) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(completions))
         .route("/v1/models", get(models))
@@ -48,18 +60,22 @@ pub fn app(sim: Arc<Simulator>) -> Router {
         .fallback(|method: Method, uri: Uri| async move {
             EngineError::UnknownPath(format!("{method} {}", uri.path()))
         })
-        .with_state(sim)
+        .with_state(EngineState {
+            sim,
+            secret: Arc::new(secret),
+        })
         .layer(axum::middleware::from_fn(serving::nul::reject_in_query))
 }
 
-/// Serves `app(sim)` on `listener` until `shutdown` resolves.
+/// Serves `app(sim, secret)` on `listener` until `shutdown` resolves.
 pub async fn run(
     listener: TcpListener,
     sim: Arc<Simulator>,
+    secret: Secret,
     http: serving::HttpSettings,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), serving::ServeError> {
-    serving::serve(listener, app(sim), http, shutdown).await
+    serving::serve(listener, app(sim, secret), http, shutdown).await
 }
 
 impl IntoResponse for EngineError {
@@ -73,6 +89,7 @@ impl IntoResponse for EngineError {
             Self::BadRequest(_) | Self::PayloadTooLarge(_) | Self::InvalidParam { .. } => {
                 ("invalid_request_error", None)
             }
+            Self::Identity(_) => ("invalid_request_error", Some("invalid_identity")),
             Self::UnknownPath(_) => ("invalid_request_error", Some("unknown_url")),
             Self::MethodNotAllowed(_) => ("invalid_request_error", Some("method_not_allowed")),
             Self::NoCapacity { .. } | Self::UpstreamBusy { .. } => {
@@ -103,8 +120,9 @@ impl IntoResponse for EngineError {
     }
 }
 
-async fn models(State(sim): State<Arc<Simulator>>) -> Json<Value> {
-    let data: Vec<Value> = sim
+async fn models(State(state): State<EngineState>) -> Json<Value> {
+    let data: Vec<Value> = state
+        .sim
         .models()
         .iter()
         .map(|p| json!({"id": p.name, "object": "model", "created": 0, "owned_by": "meterline", "max_model_len": p.max_context}))
@@ -112,18 +130,25 @@ async fn models(State(sim): State<Arc<Simulator>>) -> Json<Value> {
     Json(json!({"object": "list", "data": data}))
 }
 
-async fn metrics(State(sim): State<Arc<Simulator>>) -> impl IntoResponse {
+async fn metrics(State(state): State<EngineState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        crate::metrics::render(&sim.snapshots()),
+        crate::metrics::render(&state.sim.snapshots()),
     )
 }
 
 async fn completions(
-    State(sim): State<Arc<Simulator>>,
+    State(EngineState { sim, secret }): State<EngineState>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, EngineError> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let token = headers
+        .get(identity::HEADER)
+        .map(|v| v.to_str().unwrap_or_default());
+    let who = identity::verify(token, &secret, now)?;
     let body = body.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => EngineError::PayloadTooLarge(e.body_text()),
         _ => EngineError::BadRequest(e.body_text()),
@@ -139,26 +164,18 @@ async fn completions(
             message: bad.message,
         });
     }
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let class = match header("x-service-class") {
-        None => ServiceClass::Standard,
-        Some(s) => ServiceClass::parse(s)
-            .ok_or_else(|| EngineError::BadRequest(format!("unknown X-Service-Class {s:?}")))?,
-    };
     let prompt = req.prompt();
     let creq = CompletionRequest {
         model: req.model.clone(),
         prompt,
         max_tokens: req.max_output(),
         seed: req.seed.unwrap_or(0),
-        tenant_id: header("x-tenant-id").unwrap_or("anonymous").to_owned(),
-        class,
+        tenant_id: who.tenant,
+        class: who.class,
         body: None,
     };
     let id = format!("chatcmpl-{:032x}", rand::random::<u128>());
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
+    let created = now as i64;
     let generation = sim.start(&creq, req.streams()).await?;
     if !req.streams() {
         let done = generation.finish().await?;

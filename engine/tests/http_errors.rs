@@ -7,9 +7,27 @@
 
 use std::sync::Arc;
 
-use engine::{ModelProfile, Simulator};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use engine::identity::{self, Secret, Signer};
+use engine::{ModelProfile, ServiceClass, Simulator};
 use reqwest::StatusCode;
 use serde_json::Value;
+
+const SECRET: &str = "http-errors-test-secret-0123456789abcdef";
+
+fn secret() -> Secret {
+    Secret::new(SECRET).unwrap()
+}
+
+/// A valid identity for tenant `acme`.
+fn signed() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    Signer::new(secret()).sign("acme", ServiceClass::Standard, now)
+}
 
 async fn start() -> String {
     let sim = Arc::new(Simulator::new(ModelProfile::reference(), 0));
@@ -18,7 +36,7 @@ async fn start() -> String {
     // Served as the binary serves it: through the shared serving layer.
     tokio::spawn(serving::serve(
         listener,
-        engine::server::app(sim),
+        engine::server::app(sim, secret()),
         serving::HttpSettings::default(),
         std::future::pending(),
     ));
@@ -36,6 +54,7 @@ async fn chat(url: &str, body: String) -> reqwest::Response {
     reqwest::Client::new()
         .post(format!("{url}/v1/chat/completions"))
         .header("content-type", "application/json")
+        .header(identity::HEADER, signed())
         .body(body)
         .send()
         .await

@@ -3,10 +3,22 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use engine::identity::{self, Secret, Signer};
 use engine::{CompletionRequest, EngineError, ModelProfile, ServiceClass, Simulator};
 use rust_decimal::Decimal;
+
+const SECRET: &str = "simulator-test-secret-0123456789abcdef";
+
+/// A valid identity for `tenant`.
+fn signed(tenant: &str) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    Signer::new(Secret::new(SECRET).unwrap()).sign(tenant, ServiceClass::Standard, now)
+}
 
 fn sim() -> Simulator {
     Simulator::new(ModelProfile::reference(), 0)
@@ -108,6 +120,7 @@ async fn serve() -> String {
     tokio::spawn(engine::server::run(
         listener,
         sim,
+        Secret::new(SECRET).unwrap(),
         serving::HttpSettings::default(),
         std::future::pending(),
     ));
@@ -127,7 +140,7 @@ async fn http_answers_in_openai_shape_with_cached_tokens() {
     for _ in 0..2 {
         last = client
             .post(format!("{base}/v1/chat/completions"))
-            .header("x-tenant-id", "acme")
+            .header(identity::HEADER, signed("acme"))
             .json(&body)
             .send()
             .await
@@ -155,6 +168,7 @@ async fn http_answers_in_openai_shape_with_cached_tokens() {
     });
     let text = client
         .post(format!("{base}/v1/chat/completions"))
+        .header(identity::HEADER, signed("acme"))
         .json(&stream)
         .send()
         .await
@@ -168,6 +182,7 @@ async fn http_answers_in_openai_shape_with_cached_tokens() {
 
     let bad = client
         .post(format!("{base}/v1/chat/completions"))
+        .header(identity::HEADER, signed("acme"))
         .json(&serde_json::json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]}))
         .send()
         .await

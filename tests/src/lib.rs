@@ -2,7 +2,8 @@
 //! a fresh database and topic per test, dropped when the test ends; private
 //! Postgres and broker instances for the tests that crash them
 //! ([`stack::Private`]); Meterline's binaries started as real processes
-//! (and SIGKILLed when a test says so); helpers to produce and count.
+//! (and SIGKILLed when a test says so), the `engine` binary with a signed
+//! identity ([`engine`]); helpers to produce and count.
 //!
 //! Tests find the shared Postgres through `DATABASE_URL` and the broker
 //! through `KAFKA_BROKERS` (`scripts/test.sh` brings the stack up and sets
@@ -11,6 +12,7 @@
 //! test binaries run in parallel.
 
 pub mod billing;
+pub mod engine;
 pub mod events;
 pub mod process;
 pub mod stack;

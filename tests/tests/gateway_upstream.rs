@@ -12,8 +12,7 @@ use futures_util::future::join_all;
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use tests::gateway::{read_sse, seed_tenant, start_gateway_with, start_ingest};
-use tests::process::{free_port, wait_healthy};
-use tests::{Service, TestStack};
+use tests::TestStack;
 
 const KEY: &str = "sk-test-upstream-0001";
 const DERIVED: &str = "llama-3.1-8b";
@@ -49,20 +48,11 @@ async fn http_upstream_usage_and_gpu_time_add_up() {
 
     // The upstream: the engine binary over HTTP, 20× real time so
     // requests overlap on its replicas.
-    let engine_port = free_port();
-    let mut env = HashMap::new();
-    env.insert("ENGINE_ADDR".to_owned(), format!("127.0.0.1:{engine_port}"));
-    env.insert("ENGINE_SPEEDUP".to_owned(), "20".to_owned());
-    let mut engine = Service::start("engine", "engine", &[], env, stack.dir.path())
-        .unwrap_or_else(|e| panic!("{e}"));
-    let engine_url = format!("http://127.0.0.1:{engine_port}");
-    wait_healthy(
-        &format!("{engine_url}/health"),
-        &mut engine,
-        Duration::from_secs(60),
-    )
-    .await;
+    // It checks the identity the gateway signs with a per-test secret.
+    let secret = tests::engine::random_secret();
+    let (mut engine, engine_url) = tests::engine::start_engine(stack.dir.path(), 20, &secret).await;
 
+    // The 70b entry also sets vLLM's `cache_salt` (the engine ignores it).
     let upstreams = stack.dir.path().join("upstreams.yaml");
     std::fs::write(
         &upstreams,
@@ -76,18 +66,25 @@ async fn http_upstream_usage_and_gpu_time_add_up() {
     replica_id: http-8b
     gpu_time: derived
     kv_poll_ms: 200
+    identity_secret_env: {env}
   - model: {REPORTED}
     url: {engine_url}/
     gpus: 4
     max_context: 131072
-"
+    identity_secret_env: {env}
+    cache_salt: true
+",
+            env = tests::engine::SECRET_ENV
         ),
     )
     .unwrap();
     let (gateway, url) = start_gateway_with(
         &stack,
         1,
-        &[("GATEWAY_UPSTREAMS", upstreams.display().to_string())],
+        &[
+            ("GATEWAY_UPSTREAMS", upstreams.display().to_string()),
+            (tests::engine::SECRET_ENV, secret.clone()),
+        ],
     )
     .await;
     let ingest = start_ingest(&stack);

@@ -27,18 +27,15 @@ async fn assert_stops_on_sigterm(mut svc: Service) {
 #[tokio::test]
 async fn engine_finishes_a_stream_in_flight_then_exits_0_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let env = HashMap::from([
-        ("ENGINE_ADDR".to_owned(), format!("127.0.0.1:{port}")),
-        ("ENGINE_SPEEDUP".to_owned(), "1".to_owned()),
-    ]);
-    let mut svc =
-        Service::start("engine", "engine", &[], env, dir.path()).unwrap_or_else(|e| panic!("{e}"));
-    let url = format!("http://127.0.0.1:{port}");
-    wait_healthy(&format!("{url}/health"), &mut svc, Duration::from_secs(30)).await;
+    let secret = tests::engine::random_secret();
+    let (svc, url) = tests::engine::start_engine(dir.path(), 1, &secret).await;
     // A real-time stream of ~60 tokens: still running when SIGTERM comes.
     let mut res = reqwest::Client::new()
         .post(format!("{url}/v1/chat/completions"))
+        .header(
+            tests::engine::HEADER,
+            tests::engine::signed(&secret, "acme"),
+        )
         .json(&serde_json::json!({
             "model": "llama-3.1-8b",
             "messages": [{"role": "user", "content": "tell me a long story"}],

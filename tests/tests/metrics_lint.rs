@@ -11,7 +11,6 @@
 //! in the engine's `vllm:` names, which are kept on purpose (see
 //! [`accepted`]).
 
-use std::collections::HashMap;
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -138,32 +137,24 @@ async fn every_metrics_endpoint_passes_promtool() {
     let dir = stack.dir.path();
 
     // The engine binary, as the gateway's HTTP upstream for one model.
-    let engine_port = free_port();
-    let env = HashMap::from([
-        ("ENGINE_ADDR".to_owned(), format!("127.0.0.1:{engine_port}")),
-        ("ENGINE_SPEEDUP".to_owned(), "20".to_owned()),
-    ]);
-    let mut engine =
-        Service::start("engine", "engine", &[], env, dir).unwrap_or_else(|e| panic!("{e}"));
-    let engine_url = format!("http://127.0.0.1:{engine_port}");
-    wait_healthy(
-        &format!("{engine_url}/health"),
-        &mut engine,
-        Duration::from_secs(60),
-    )
-    .await;
+    let secret = tests::engine::random_secret();
+    let (_engine, engine_url) = tests::engine::start_engine(dir, 20, &secret).await;
     let upstreams = dir.join("upstreams.yaml");
     std::fs::write(
         &upstreams,
         format!(
-            "upstreams:\n  - model: {UPSTREAM_MODEL}\n    url: {engine_url}\n    gpus: 4\n    max_context: 131072\n    kv_poll_ms: 200\n"
+            "upstreams:\n  - model: {UPSTREAM_MODEL}\n    url: {engine_url}\n    gpus: 4\n    max_context: 131072\n    kv_poll_ms: 200\n    identity_secret_env: {}\n",
+            tests::engine::SECRET_ENV
         ),
     )
     .unwrap();
     let (gateway, gateway_url) = start_gateway_with(
         &stack,
         0,
-        &[("GATEWAY_UPSTREAMS", upstreams.display().to_string())],
+        &[
+            ("GATEWAY_UPSTREAMS", upstreams.display().to_string()),
+            (tests::engine::SECRET_ENV, secret.clone()),
+        ],
     )
     .await;
 

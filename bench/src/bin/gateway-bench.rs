@@ -27,9 +27,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bench::percentiles::Percentiles;
+use engine::identity::{self, Secret, Signer};
 use engine::upstream::{RemoteModel, Upstreams};
 use engine::{CompletionRequest, ModelProfile, ServiceClass, Simulator};
 use gateway_lite::idempotency::Idempotency;
@@ -46,9 +47,16 @@ const LOCAL: &str = "llama-3.1-8b";
 const HTTP: &str = "llama-3.1-8b-http";
 /// The same model served by the engine's HTTP server in real time.
 const PACED: &str = "llama-3.1-8b-paced";
+/// The secret the gateway signs `x-meterline-identity` with and the
+/// engine's HTTP server checks (local ports only).
+const IDENTITY_SECRET: &str = "gateway-bench-identity-secret-0123456789";
+/// The env var the bench's upstreams read it from.
+const IDENTITY_SECRET_ENV: &str = "GATEWAY_BENCH_IDENTITY_SECRET";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Before anything else runs: the upstreams read it in `Upstreams::new`.
+    std::env::set_var(IDENTITY_SECRET_ENV, IDENTITY_SECRET);
     let args: Vec<String> = std::env::args().collect();
     let rate: u64 = args.get(1).map_or(Ok(500), |a| a.parse())?;
     let secs: u64 = args.get(2).map_or(Ok(5), |a| a.parse())?;
@@ -72,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
             api_key_id: "key_bench".into(),
             priority: 5,
             max_concurrency: None,
+            max_kv_mib_seconds: None,
             rate: None,
             limits: Arc::new(HashMap::new()),
         },
@@ -89,7 +98,11 @@ async fn main() -> anyhow::Result<()> {
         speedup: 0,
         request_timeout: Duration::from_secs(600),
         limiter: Limiter::default(),
-        idempotency: Idempotency::new(outbox.clone()),
+        tpot: Default::default(),
+        idempotency: Idempotency::new(
+            outbox.clone(),
+            gateway_lite::cluster::Cluster::local("gw-bench"),
+        ),
         runs: tokio_util::task::TaskTracker::new(),
         readiness: Default::default(),
     };
@@ -245,7 +258,8 @@ async fn serve_engine(speedup: u32, plain: bool) -> anyhow::Result<String> {
     let sim = Arc::new(Simulator::new(ModelProfile::reference(), speedup));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    spawn_server(listener, engine::server::app(sim), plain);
+    let secret = Secret::new(IDENTITY_SECRET).map_err(|e| anyhow::anyhow!("bench secret {e}"))?;
+    spawn_server(listener, engine::server::app(sim, secret), plain);
     Ok(format!("http://{addr}"))
 }
 
@@ -275,6 +289,8 @@ fn remote_model(model: &str, base: &str) -> RemoteModel {
         replica_id: Some(model.into()),
         gpu_time: engine::upstream::GpuTime::Auto,
         api_key_env: None,
+        identity_secret_env: Some(IDENTITY_SECRET_ENV.into()),
+        cache_salt: false,
         idle_timeout_secs: 60,
         kv_poll_ms: 0,
     }
@@ -296,10 +312,17 @@ async fn post(
     } else {
         format!("{url}/v1/chat/completions")
     };
+    // The engine's server needs a signed identity; the gateway ignores it.
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let identity = Secret::new(IDENTITY_SECRET)
+        .map(|s| Signer::new(s).sign("bench", ServiceClass::Standard, now))
+        .map_err(|e| e.to_string())?;
     let mut res = client
         .post(url)
         .bearer_auth(KEY)
-        .header("x-tenant-id", "bench")
+        .header(identity::HEADER, identity)
         .json(&json!({
             "model": model,
             "messages": [{"role": "user", "content": format!("bench request {i}")}],

@@ -13,11 +13,17 @@
 //! `gpu_time: auto` that figure is used when present. Otherwise (vLLM
 //! reports none) the request's share of the replica's busy time comes from
 //! the [`Ledger`].
+//!
+//! Identity: with `identity_secret_env` the tenant and class go as one
+//! signed `x-meterline-identity` header, signed per request; without it, as
+//! plain `x-tenant-id` / `x-service-class` (vLLM ignores both). The body's
+//! `cache_salt` is the tenant's own with `cache_salt: true`, and removed
+//! otherwise; [`HttpUpstream::body`] builds what is sent.
 
 use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
@@ -27,6 +33,7 @@ use serde_json::{json, Value};
 
 use crate::attribution::to_gpu_seconds;
 use crate::error::EngineError;
+use crate::identity::{self, Secret, Signer};
 use crate::openai::{ErrorBody, Meterline, Usage};
 use crate::simulator::{Completion, CompletionRequest, Piece};
 use crate::tokenizer;
@@ -42,6 +49,8 @@ pub struct HttpUpstream {
     pub config: RemoteModel,
     url: String,
     api_key: Option<String>,
+    /// Signs `x-meterline-identity` when `identity_secret_env` is set.
+    signer: Option<Signer>,
     client: reqwest::Client,
     pub ledger: Arc<Ledger>,
     pub occupancy: Arc<Occupancy>,
@@ -57,6 +66,17 @@ impl HttpUpstream {
                 std::env::var(var)
                     .map_err(|_| bad(format!("api_key_env names {var}, which is not set")))?,
             ),
+        };
+        let signer = match &config.identity_secret_env {
+            None => None,
+            Some(var) => {
+                let value = std::env::var(var).map_err(|_| {
+                    bad(format!("identity_secret_env names {var}, which is not set"))
+                })?;
+                let secret = Secret::new(value.into_bytes())
+                    .map_err(|e| bad(format!("identity_secret_env {var} {e}")))?;
+                Some(Signer::new(secret))
+            }
         };
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
@@ -88,34 +108,18 @@ impl HttpUpstream {
             ledger: Arc::new(Ledger::new(config.gpus)),
             occupancy,
             api_key,
+            signer,
             client,
             config,
         })
     }
 
-    /// Sends the request upstream and returns once its response started.
-    pub async fn start(
-        &self,
-        req: &CompletionRequest,
-        stream: bool,
-    ) -> Result<HttpGeneration, EngineError> {
+    /// The body sent upstream: the client's own request, so every field the
+    /// upstream understands (roles, temperature, tools, …) reaches it; the
+    /// gateway decides the model name, the output cap, the streaming mode
+    /// and `cache_salt`.
+    pub fn body(&self, req: &CompletionRequest) -> serde_json::Map<String, Value> {
         let c = &self.config;
-        let threshold = req.class.threshold_percent();
-        if !self.occupancy.admits(threshold) {
-            let bp = self.occupancy.basis_points().unwrap_or(0);
-            return Err(EngineError::UpstreamBusy {
-                model: c.model.clone(),
-                detail: format!(
-                    "KV cache {}.{:02}% full; {} requests are sent below {threshold}%",
-                    bp / 100,
-                    bp % 100,
-                    req.class.as_str()
-                ),
-            });
-        }
-        // The client's own request, so every field the upstream understands
-        // (roles, temperature, tools, …) reaches it; the gateway decides
-        // the model name, the output cap and the streaming mode.
         let mut body = match &req.body {
             Some(Value::Object(map)) => map.clone(),
             _ => {
@@ -138,13 +142,55 @@ impl HttpUpstream {
             Some(n) => body.insert("max_tokens".into(), json!(n)),
             None => body.remove("max_tokens"),
         };
+        // Never the client's: it could name another tenant's salt.
+        body.remove("cache_salt");
+        if c.cache_salt {
+            let salt = match &self.signer {
+                Some(signer) => signer.cache_salt(&req.tenant_id),
+                None => identity::unkeyed_cache_salt(&req.tenant_id),
+            };
+            body.insert("cache_salt".into(), json!(salt));
+        }
+        body
+    }
+
+    /// Sends the request upstream and returns once its response started.
+    pub async fn start(
+        &self,
+        req: &CompletionRequest,
+        stream: bool,
+    ) -> Result<HttpGeneration, EngineError> {
+        let c = &self.config;
+        let threshold = req.class.threshold_percent();
+        if !self.occupancy.admits(threshold) {
+            let bp = self.occupancy.basis_points().unwrap_or(0);
+            return Err(EngineError::UpstreamBusy {
+                model: c.model.clone(),
+                detail: format!(
+                    "KV cache {}.{:02}% full; {} requests are sent below {threshold}%",
+                    bp / 100,
+                    bp % 100,
+                    req.class.as_str()
+                ),
+            });
+        }
+        let body = self.body(req);
         let prompt_tokens = tokenizer::count(&req.prompt);
-        let mut request = self
-            .client
-            .post(&self.url)
-            .header("x-tenant-id", &req.tenant_id)
-            .header("x-service-class", req.class.as_str())
-            .json(&Value::Object(body));
+        let mut request = self.client.post(&self.url).json(&Value::Object(body));
+        request = match &self.signer {
+            Some(signer) => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                request.header(
+                    identity::HEADER,
+                    signer.sign(&req.tenant_id, req.class, now),
+                )
+            }
+            None => request
+                .header("x-tenant-id", &req.tenant_id)
+                .header("x-service-class", req.class.as_str()),
+        };
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
@@ -385,5 +431,81 @@ mod tests {
         let standard = upstream.start(&req(ServiceClass::Standard), false).await;
         assert!(matches!(standard, Err(EngineError::Upstream { .. })));
         assert_eq!(upstream.ledger.in_flight(), 0, "nothing left in the ledger");
+    }
+
+    fn upstream(extra: &str) -> HttpUpstream {
+        let config: RemoteModel = serde_norway::from_str(&format!(
+            "model: m\nurl: http://127.0.0.1:9\ngpus: 1\nmax_context: 4096\nkv_poll_ms: 0\n{extra}"
+        ))
+        .unwrap();
+        HttpUpstream::new(config).unwrap()
+    }
+
+    fn salted(tenant: &str, client_salt: &str) -> CompletionRequest {
+        CompletionRequest {
+            model: "m".into(),
+            prompt: "hi".into(),
+            tenant_id: tenant.into(),
+            body: Some(json!({
+                "messages": [{"role": "user", "content": "hi"}],
+                "cache_salt": client_salt,
+            })),
+            ..CompletionRequest::default()
+        }
+    }
+
+    #[test]
+    fn cache_salt_on_is_the_tenants_own_whatever_the_client_sent() {
+        let upstream = upstream("cache_salt: true\n");
+        let acme = upstream.body(&salted("acme", "globex-salt"));
+        let globex = upstream.body(&salted("globex", "anything"));
+        assert_eq!(acme["cache_salt"], identity::unkeyed_cache_salt("acme"));
+        assert_eq!(globex["cache_salt"], identity::unkeyed_cache_salt("globex"));
+        assert_ne!(acme["cache_salt"], globex["cache_salt"]);
+        // Without a salt from the client, the tenant's is set all the same.
+        let mut plain = salted("acme", "");
+        plain.body = None;
+        assert_eq!(upstream.body(&plain)["cache_salt"], acme["cache_salt"]);
+    }
+
+    #[test]
+    fn cache_salt_is_keyed_by_the_identity_secret_when_there_is_one() {
+        let var = "METERLINE_TEST_SALT_SECRET";
+        // Only this test reads or writes this variable.
+        std::env::set_var(var, "k".repeat(identity::MIN_SECRET_BYTES));
+        let upstream = upstream(&format!("cache_salt: true\nidentity_secret_env: {var}\n"));
+        let salt = Signer::new(Secret::new("k".repeat(identity::MIN_SECRET_BYTES)).unwrap())
+            .cache_salt("acme");
+        assert_eq!(upstream.body(&salted("acme", "x"))["cache_salt"], salt);
+        assert_ne!(salt, identity::unkeyed_cache_salt("acme"));
+    }
+
+    #[test]
+    fn cache_salt_off_removes_the_clients() {
+        let body = upstream("").body(&salted("acme", "globex-salt"));
+        assert!(!body.contains_key("cache_salt"), "{body:?}");
+        assert_eq!(body["model"], "m");
+        assert_eq!(body["stream"], true);
+    }
+
+    #[test]
+    fn an_identity_secret_unset_or_short_is_a_config_error_naming_the_variable() {
+        let config = |var: &str| -> RemoteModel {
+            serde_norway::from_str(&format!(
+                "model: m\nurl: http://127.0.0.1:9\ngpus: 1\nmax_context: 4096\nkv_poll_ms: 0\nidentity_secret_env: {var}\n"
+            ))
+            .unwrap()
+        };
+        let unset = HttpUpstream::new(config("METERLINE_TEST_UNSET_SECRET")).unwrap_err();
+        assert!(
+            matches!(&unset, EngineError::Config(m) if m.contains("\"m\"") && m.contains("METERLINE_TEST_UNSET_SECRET")),
+            "{unset}"
+        );
+        std::env::set_var("METERLINE_TEST_SHORT_SECRET", "short");
+        let short = HttpUpstream::new(config("METERLINE_TEST_SHORT_SECRET")).unwrap_err();
+        assert!(
+            matches!(&short, EngineError::Config(m) if m.contains("METERLINE_TEST_SHORT_SECRET") && m.contains("at least 32")),
+            "{short}"
+        );
     }
 }

@@ -13,9 +13,23 @@
 //!     replica_id: vllm-70b-a        # optional
 //!     gpu_time: auto                # auto: the upstream's own figure if it reports one; derived: always the ledger's
 //!     api_key_env: VLLM_API_KEY     # optional: the env var holding the upstream's bearer key
+//!     identity_secret_env: ENGINE_IDENTITY_SECRET  # optional: the env var holding the secret (≥ 32 bytes)
+//!                                   # that signs x-meterline-identity; required by the `engine` binary
+//!     cache_salt: false             # optional: true sets vLLM's cache_salt to a per-tenant value
 //!     idle_timeout_secs: 60         # optional: longest silence inside a response
 //!     kv_poll_ms: 1000              # optional: how often its /metrics KV usage is read (0: never)
 //! ```
+//!
+//! With `identity_secret_env` every request carries `x-meterline-identity`,
+//! the tenant and class signed per request (see
+//! [`identity`](crate::identity)) instead of the plain `x-tenant-id` and
+//! `x-service-class` headers, which anyone who can reach the upstream could
+//! forge. With `cache_salt: true` the body's `cache_salt` (vLLM scopes its
+//! prefix cache by it) is set to a value derived from the tenant — keyed by
+//! the identity secret when there is one — overwriting what the client
+//! sent, so no tenant can hit another's cached prefixes; with `false` (the
+//! default: strict OpenAI-compatible servers reject unknown fields) a
+//! client's `cache_salt` is removed.
 //!
 //! - [`ledger`]: GPU time from wall time × in-flight token share, exactly
 //! - [`http`]: the HTTP client side of one upstream replica
@@ -64,6 +78,12 @@ pub struct RemoteModel {
     pub gpu_time: GpuTime,
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// The env var holding the secret that signs `x-meterline-identity`.
+    #[serde(default)]
+    pub identity_secret_env: Option<String>,
+    /// Set vLLM's `cache_salt` per tenant (else a client's is removed).
+    #[serde(default)]
+    pub cache_salt: bool,
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout_secs: u64,
     #[serde(default = "default_kv_poll")]
