@@ -87,9 +87,17 @@ pub async fn completions(
         Err(e) => return GatewayError::BadRequest(e.body_text()).into_response(),
     };
     let mut model = None;
-    let mut res = handle(&state, &caller, request_id, &headers, body, &mut model)
+    let mut id = request_id;
+    let mut res = handle(&state, &caller, &mut id, &headers, body, &mut model)
         .await
         .unwrap_or_else(IntoResponse::into_response);
+    // An idempotent request runs under its derived id (a replay carries
+    // its original one already).
+    if id != request_id && !res.headers().contains_key("x-request-id") {
+        if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
+            res.headers_mut().insert("x-request-id", v);
+        }
+    }
     let model = model.as_deref().unwrap_or("*");
     let status = state.limiter.status(&caller, model, Instant::now());
     if let Some(tokens) = status.tokens {
@@ -103,7 +111,7 @@ pub async fn completions(
 async fn handle(
     state: &AppState,
     caller: &Caller,
-    request_id: RequestId,
+    request_id: &mut RequestId,
     headers: &HeaderMap,
     body: Bytes,
     model: &mut Option<String>,
@@ -153,13 +161,15 @@ async fn handle(
 
     let idempotency = match idempotency_key(headers)? {
         None => None,
-        Some(key) => match state.idempotency.begin(
-            &caller.api_key_id,
-            key,
-            &body,
-            now_ms().timestamp_millis(),
-        )? {
-            Begin::New(guard) => Some(guard),
+        Some(key) => match state
+            .idempotency
+            .begin(&caller.api_key_id, key, &body, now_ms().timestamp_millis())
+            .await?
+        {
+            Begin::New(guard) => {
+                *request_id = guard.request_id();
+                Some(guard)
+            }
             Begin::Replay(stored) => return Ok(replay(stored)),
             Begin::InFlight => {
                 telemetry::rejected(&caller.tenant_id, "idempotency_in_flight");
@@ -172,9 +182,19 @@ async fn handle(
     let room = u64::from(info.max_context).saturating_sub(prompt_tokens);
     let output_estimate = max_tokens.map_or(DEFAULT_OUTPUT_ESTIMATE, u64::from);
     let estimate = prompt_tokens + output_estimate.min(room);
+    let kv_mib_seconds = kv_estimate(state, &req.model, prompt_tokens, output_estimate.min(room));
     let mut permit = state
         .limiter
-        .admit(caller, &req.model, estimate, Instant::now())
+        .admit(
+            caller,
+            limits::Ask {
+                model: &req.model,
+                estimate,
+                kv_mib_seconds,
+                request_id: request_id.to_string(),
+            },
+        )
+        .await
         .map_err(|r| {
             telemetry::rejected(&caller.tenant_id, r.limit.as_str());
             GatewayError::RateLimited(r)
@@ -220,7 +240,7 @@ async fn handle(
     let run = Run {
         state: state.clone(),
         caller: caller.clone(),
-        request_id,
+        request_id: *request_id,
         model: req.model,
         info,
         started_at,
@@ -251,6 +271,18 @@ async fn handle(
         .await
         .map_err(|_| GatewayError::Engine("the request task ended without an answer".into()))??;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// The request's KV·seconds (MiB·s) for the tenant's cap, from the
+/// model's profile and the TPOT it runs at now; 0 when the tenant has no
+/// cap or the model has no profile (an HTTP upstream of another name).
+fn kv_estimate(state: &AppState, model: &str, prompt: u64, out: u64) -> u64 {
+    let Some(profile) = state.engine.simulator().profile(model) else {
+        return 0;
+    };
+    let target = std::time::Duration::from_micros(profile.costs().step_micros(1, 0));
+    let tpot = state.tpot.estimate(model, target, Instant::now());
+    limits::kv_mib_seconds(prompt, out, profile.kv_bytes_per_token, tpot)
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, GatewayError> {
@@ -303,7 +335,8 @@ fn engine_error(e: EngineError) -> GatewayError {
         | EngineError::Config(_)
         | EngineError::PayloadTooLarge(_)
         | EngineError::UnknownPath(_)
-        | EngineError::MethodNotAllowed(_) => GatewayError::Engine(e.to_string()),
+        | EngineError::MethodNotAllowed(_)
+        | EngineError::Identity(_) => GatewayError::Engine(e.to_string()),
         EngineError::UnknownModel(model) => GatewayError::UnknownModel(model),
         EngineError::InvalidParam { param, message } => GatewayError::InvalidParam {
             param: param.into(),

@@ -60,9 +60,29 @@ pub struct GatewayConfig {
     /// failures). 0 (the default) stops accepting at once.
     #[arg(long, env = "GATEWAY_DRAIN_DELAY_MS", default_value_t = 0)]
     pub drain_delay_ms: u64,
+    /// The Redis every gateway shares for limits, leases and idempotency
+    /// claims (nothing in it needs to survive a restart).
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+    /// Prefix of every key this gateway writes in Redis: gateways with the
+    /// same prefix share their limits.
+    #[arg(long, env = "GATEWAY_REDIS_PREFIX", default_value = "meterline:")]
+    pub redis_prefix: String,
+    /// `shared`: limits shared by every gateway through Redis (each falls
+    /// back to its share while Redis is unreachable); `local`: this
+    /// gateway alone, in memory, Redis never used.
+    #[arg(long, env = "GATEWAY_LIMITS", default_value = "shared")]
+    pub limits: LimitsMode,
     /// Slow-client bounds and the shutdown grace of the listener.
     #[command(flatten)]
     pub http: serving::HttpSettings,
+}
+
+/// `GATEWAY_LIMITS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LimitsMode {
+    Shared,
+    Local,
 }
 
 impl GatewayConfig {
@@ -111,6 +131,20 @@ impl GatewayConfig {
                 "GATEWAY_DRAIN_DELAY_MS must be at most 600000 (10 minutes), got {}",
                 self.drain_delay_ms
             )));
+        }
+        if self.limits == LimitsMode::Shared {
+            if !self.redis_url.starts_with("redis://") && !self.redis_url.starts_with("rediss://") {
+                return Err(GatewayError::Config(format!(
+                    "REDIS_URL must be a redis://host:port URL, got {:?}",
+                    self.redis_url
+                )));
+            }
+            if self.redis_prefix.len() > 100 || self.redis_prefix.contains(char::is_whitespace) {
+                return Err(GatewayError::Config(format!(
+                    "GATEWAY_REDIS_PREFIX must be at most 100 characters without spaces, got {:?}",
+                    self.redis_prefix
+                )));
+            }
         }
         if self.kafka_brokers.trim().is_empty() {
             return Err(GatewayError::Config("KAFKA_BROKERS is empty".into()));

@@ -1,32 +1,98 @@
 //! `Idempotency-Key`: a retry with the same key (per API key) within 24
-//! hours gets the stored response and is billed once; a duplicate that
-//! arrives while the first is still running gets 409; the same key with a
+//! hours gets the stored response and its `X-Request-Id` and is billed
+//! once, whichever gateway it lands on; a duplicate that arrives while the
+//! first is still running, anywhere, gets 409; the same key with a
 //! different body gets 422.
 //!
-//! Answers are durable: they are written to the outbox in the same record
-//! as the request's usage event (see [`Guard::answer`]),
-//! so a retry after a gateway crash or restart is answered from the store
-//! exactly when the first attempt was billed, and runs afresh otherwise.
-//! Keys in flight are tracked in memory only (a crash ends them anyway).
-//! A request that failed or was cancelled stores nothing, so its retry
-//! runs again. Answers older than the TTL are swept in the background.
+//! Where a claim lives:
 //!
-//! The store is per gateway: with several gateways, route an API key's
-//! retries to the same one (or put a shared store behind this module).
+//! - **Redis** (shared by every gateway): the claim — body hash, state
+//!   (`running`, `done`, `failed`), owning gateway, attempt number — and,
+//!   once done, the answer. A `running` claim whose gateway stopped
+//!   renewing its liveness (15 s) is taken over by the retry.
+//! - **the outbox** (this gateway's disk): the answer, in the same commit
+//!   as the request's usage event ([`Guard::answer`]), so a retry that
+//!   comes back to this gateway is answered exactly when the first attempt
+//!   was billed, even after Redis lost everything.
+//!
+//! The request id is not random: it is derived from the API key, the
+//! Idempotency-Key, the body, the attempt number and the UTC day
+//! ([`usage_contract::RequestId::derived`]). So when Redis lost a claim
+//! (it keeps nothing on disk) and a retry runs again on another gateway,
+//! its usage event carries the first attempt's id and ingest's dedupe
+//! bills it once: the client gets a fresh answer under the same
+//! `X-Request-Id`, and the first attempt's figures are what is billed (the
+//! re-run's event is a dead letter of kind `conflicting_version`, or
+//! nothing when identical). A failed or cancelled attempt (billed for what
+//! it used) marks the claim `failed`; the retry runs as the next attempt,
+//! with the next id. What this cannot cover: Redis lost the claim, the
+//! retry lands on another gateway *and* after midnight UTC — then it is a
+//! new request of the new day.
+//!
+//! Keys in flight on this gateway are also tracked in memory, so two
+//! concurrent duplicates on one gateway never reach Redis both. When Redis
+//! is unreachable, this gateway's memory and outbox are all there is (a
+//! duplicate on another gateway runs, and the derived id bills it once).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::body::Bytes;
+use redis::Script;
 use sha2::{Digest, Sha256};
+use usage_contract::RequestId;
 
+use crate::cluster::Cluster;
 use crate::outbox::{Outbox, OutboxError};
 
 /// How long a key is remembered.
 pub const TTL: Duration = Duration::from_secs(24 * 3600);
 /// The longest key accepted.
 pub const MAX_KEY_LEN: usize = 255;
+
+/// Claims a key, or says what it already is.
+///
+/// KEYS[1]: the claim. ARGV: body hash, this gateway, liveness key prefix, TTL ms.
+/// Returns `{'new', attempt}`, `{'replay', request id, content type, body}`,
+/// `{'in_flight'}` or `{'mismatch'}`.
+const BEGIN: &str = r"
+local k, body, me, alive, ttl = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local v = redis.call('HMGET', k, 'body', 'state', 'owner', 'attempt', 'rid', 'ctype', 'answer')
+if not v[1] then
+  redis.call('HSET', k, 'body', body, 'state', 'running', 'owner', me, 'attempt', 0)
+  redis.call('PEXPIRE', k, ttl)
+  return {'new', 0}
+end
+if v[1] ~= body then return {'mismatch'} end
+if v[2] == 'done' then return {'replay', v[5], v[6], v[7]} end
+local attempt = tonumber(v[4]) or 0
+if v[2] == 'running' then
+  if v[3] ~= me and redis.call('EXISTS', alive .. v[3]) == 1 then return {'in_flight'} end
+  redis.call('HSET', k, 'owner', me)
+  return {'new', attempt}
+end
+redis.call('HSET', k, 'state', 'running', 'owner', me, 'attempt', attempt + 1)
+return {'new', attempt + 1}
+";
+
+/// Ends a claim: `done` with the answer, or `failed`.
+/// KEYS[1]: the claim. ARGV: this gateway, attempt, state, TTL ms, then
+/// (done) request id, content type, answer, body hash (the claim is whole
+/// again even if Redis lost it while the request ran).
+const FINISH: &str = r"
+local k, me, attempt, state = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local v = redis.call('HMGET', k, 'state', 'attempt')
+if v[1] == 'done' or (v[2] and v[2] ~= attempt) then return 0 end
+if state == 'done' then
+  redis.call('HSET', k, 'state', 'done', 'rid', ARGV[5], 'ctype', ARGV[6], 'answer', ARGV[7],
+    'owner', me, 'body', ARGV[8], 'attempt', attempt)
+  redis.call('PEXPIRE', k, ARGV[4])
+elseif v[1] then
+  redis.call('HSET', k, 'state', 'failed')
+end
+return 1
+";
 
 /// A stored successful response, replayed as is (its `X-Request-Id` included).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +105,8 @@ pub struct Stored {
 /// What to do with a request carrying an `Idempotency-Key`.
 #[derive(Debug)]
 pub enum Begin {
-    /// First time: run it; the guard's answer is stored with its usage event.
+    /// Run it under the guard's request id; its answer is stored with its
+    /// usage event and published to the other gateways.
     New(Guard),
     /// Answered before: send this.
     Replay(Stored),
@@ -52,9 +119,11 @@ pub enum Begin {
 /// The key store; cheap to clone.
 #[derive(Clone)]
 pub struct Idempotency {
-    /// Store key → body hash of the request running under it.
+    /// Store key → body hash of the request running under it here.
     in_flight: Arc<Mutex<HashMap<Vec<u8>, [u8; 32]>>>,
     store: Outbox,
+    cluster: Cluster,
+    scripts: Arc<(Script, Script)>,
 }
 
 impl std::fmt::Debug for Idempotency {
@@ -71,6 +140,13 @@ fn store_key(api_key_id: &str, key: &str) -> Vec<u8> {
     k
 }
 
+fn content_type(text: &str) -> &'static str {
+    if text == "text/event-stream" {
+        "text/event-stream"
+    } else {
+        "application/json"
+    }
+}
 /// A stored answer: stored at (unix ms) | body hash | content type | request id | body.
 fn encode(at_ms: i64, body_hash: &[u8; 32], s: &Stored) -> Vec<u8> {
     let mut v = Vec::with_capacity(8 + 32 + 1 + 2 + s.request_id.len() + s.body.len());
@@ -110,10 +186,12 @@ fn decode(v: &[u8]) -> Option<(i64, [u8; 32], Stored)> {
 }
 
 impl Idempotency {
-    pub fn new(store: Outbox) -> Self {
+    pub fn new(store: Outbox, cluster: Cluster) -> Self {
         Self {
             in_flight: Arc::default(),
             store,
+            cluster,
+            scripts: Arc::new((Script::new(BEGIN), Script::new(FINISH))),
         }
     }
 
@@ -124,8 +202,8 @@ impl Idempotency {
     }
 
     /// Looks `key` up for `api_key_id` at `now_ms` (unix ms), claiming it
-    /// when it is new.
-    pub fn begin(
+    /// when it is new: here, in this gateway's outbox, then in Redis.
+    pub async fn begin(
         &self,
         api_key_id: &str,
         key: &str,
@@ -134,30 +212,82 @@ impl Idempotency {
     ) -> Result<Begin, OutboxError> {
         let body_hash: [u8; 32] = Sha256::digest(body).into();
         let id = store_key(api_key_id, key);
-        let mut in_flight = self.in_flight();
-        if let Some(h) = in_flight.get(&id) {
-            return Ok(if *h == body_hash {
-                Begin::InFlight
-            } else {
-                Begin::Mismatch
-            });
-        }
-        let ttl_ms = TTL.as_millis() as i64;
-        if let Some((at, h, stored)) = self.store.answer(&id)?.as_deref().and_then(decode) {
-            if now_ms - at < ttl_ms {
-                return Ok(if h == body_hash {
-                    Begin::Replay(stored)
+        {
+            let mut in_flight = self.in_flight();
+            if let Some(h) = in_flight.get(&id) {
+                return Ok(if *h == body_hash {
+                    Begin::InFlight
                 } else {
                     Begin::Mismatch
                 });
             }
+            in_flight.insert(id.clone(), body_hash);
         }
-        in_flight.insert(id.clone(), body_hash);
+        // From here on, anything but `New` must release the local claim.
+        let release = |b: Begin| {
+            if !matches!(b, Begin::New(_)) {
+                self.in_flight().remove(&id);
+            }
+            b
+        };
+        let ttl_ms = TTL.as_millis() as i64;
+        if let Some((at, h, stored)) = self.store.answer(&id)?.as_deref().and_then(decode) {
+            if now_ms - at < ttl_ms {
+                return Ok(release(if h == body_hash {
+                    Begin::Replay(stored)
+                } else {
+                    Begin::Mismatch
+                }));
+            }
+        }
+        let claim = self.claim_key(&id);
+        let attempt = match self.cluster.conn() {
+            None => 0,
+            Some(mut conn) => {
+                crate::telemetry::redis_call("idempotency");
+                let reply: Result<Vec<redis::Value>, _> = self
+                    .scripts
+                    .0
+                    .key(&claim)
+                    .arg(hex::encode(body_hash))
+                    .arg(self.cluster.gateway_id())
+                    .arg(self.cluster.alive_key(""))
+                    .arg(ttl_ms)
+                    .invoke_async(&mut conn)
+                    .await;
+                match reply {
+                    Err(e) => {
+                        self.cluster.failed(&e);
+                        0
+                    }
+                    Ok(v) => match parse_begin(&v) {
+                        Claimed::New(attempt) => attempt,
+                        Claimed::Other(b) => return Ok(release(b)),
+                    },
+                }
+            }
+        };
+        let day = chrono::DateTime::from_timestamp_millis(now_ms)
+            .unwrap_or_default()
+            .date_naive();
+        let mut seed = id.clone();
+        seed.push(0);
+        seed.extend_from_slice(&body_hash);
+        seed.extend_from_slice(&attempt.to_be_bytes());
         Ok(Begin::New(Guard {
             keys: self.clone(),
             id,
+            claim,
             body_hash,
+            attempt,
+            request_id: RequestId::derived(day, &seed),
+            published: false,
         }))
+    }
+
+    fn claim_key(&self, id: &[u8]) -> String {
+        self.cluster
+            .key(&format!("idem:{}", hex::encode(Sha256::digest(id))))
     }
 
     /// Deletes answers older than the TTL; returns how many.
@@ -184,28 +314,116 @@ impl Idempotency {
             }
         });
     }
+
+    /// Ends the claim in Redis (best effort: a claim Redis does not hear
+    /// about is taken over when this gateway's liveness lapses).
+    async fn finish(
+        &self,
+        claim: &str,
+        attempt: u64,
+        body_hash: &[u8; 32],
+        answer: Option<&Stored>,
+    ) {
+        let Some(mut conn) = self.cluster.conn() else {
+            return;
+        };
+        crate::telemetry::redis_call("idempotency");
+        let mut call = self.scripts.1.key(claim);
+        call.arg(self.cluster.gateway_id())
+            .arg(attempt)
+            .arg(if answer.is_some() { "done" } else { "failed" })
+            .arg(TTL.as_millis() as u64);
+        if let Some(a) = answer {
+            call.arg(&a.request_id)
+                .arg(a.content_type)
+                .arg(a.body.as_ref())
+                .arg(hex::encode(body_hash));
+        }
+        if let Err(e) = call.invoke_async::<i64>(&mut conn).await {
+            tracing::warn!(error = %e, "idempotency claim not updated in Redis");
+            self.cluster.failed(&e);
+        }
+    }
+}
+
+enum Claimed {
+    New(u64),
+    Other(Begin),
+}
+
+fn parse_begin(v: &[redis::Value]) -> Claimed {
+    let text = |i: usize| -> Option<String> {
+        match v.get(i)? {
+            redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+            redis::Value::SimpleString(s) => Some(s.clone()),
+            redis::Value::Int(n) => Some(n.to_string()),
+            _ => None,
+        }
+    };
+    match text(0).as_deref() {
+        Some("new") => Claimed::New(text(1).and_then(|a| a.parse().ok()).unwrap_or(0)),
+        Some("replay") => {
+            let body = match v.get(3) {
+                Some(redis::Value::BulkString(b)) => Bytes::from(b.clone()),
+                _ => Bytes::new(),
+            };
+            Claimed::Other(Begin::Replay(Stored {
+                content_type: content_type(&text(2).unwrap_or_default()),
+                request_id: text(1).unwrap_or_default(),
+                body,
+            }))
+        }
+        Some("mismatch") => Claimed::Other(Begin::Mismatch),
+        // `in_flight`, or a reply this version does not know: not twice at once.
+        _ => Claimed::Other(Begin::InFlight),
+    }
 }
 
 /// A claimed key, held while its request runs. Dropping it releases the
-/// claim; the answer, if any, is stored with the usage event through
-/// [`Guard::answer`].
+/// claim here and, unless [`Guard::publish`] was called, marks it failed
+/// in Redis (the retry runs as the next attempt).
 #[derive(Debug)]
 pub struct Guard {
     keys: Idempotency,
     id: Vec<u8>,
+    claim: String,
     body_hash: [u8; 32],
+    attempt: u64,
+    request_id: RequestId,
+    published: bool,
 }
 
 impl Guard {
+    /// The id this attempt runs under (derived; see the module docs).
+    pub fn request_id(&self) -> RequestId {
+        self.request_id
+    }
+
     /// The store entry for `response`, to commit with the usage event.
     pub fn answer(&self, response: &Stored, now_ms: i64) -> (Vec<u8>, Vec<u8>) {
         (self.id.clone(), encode(now_ms, &self.body_hash, response))
+    }
+
+    /// After the answer is durable with its usage event: tells every
+    /// gateway, so a retry anywhere gets it.
+    pub async fn publish(&mut self, response: &Stored) {
+        self.published = true;
+        self.keys
+            .finish(&self.claim, self.attempt, &self.body_hash, Some(response))
+            .await;
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
         self.keys.in_flight().remove(&self.id);
+        if !self.published && self.keys.cluster.conn().is_some() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let (keys, claim) = (self.keys.clone(), self.claim.clone());
+                let (attempt, hash) = (self.attempt, self.body_hash);
+                rt.spawn(async move { keys.finish(&claim, attempt, &hash, None).await });
+            }
+        }
     }
 }
 
@@ -238,20 +456,35 @@ mod tests {
     async fn retry_replays_duplicate_conflicts_and_keys_expire() {
         let dir = tempfile::tempdir().unwrap();
         let store = Outbox::open(&dir.path().join("outbox")).unwrap();
-        let s = Idempotency::new(store.clone());
+        let s = Idempotency::new(store.clone(), Cluster::local("gw"));
         let t0 = 1_000_000;
-        let Ok(Begin::New(g)) = s.begin("k", "a", b"x", t0) else {
+        let Ok(Begin::New(g)) = s.begin("k", "a", b"x", t0).await else {
             unreachable!()
         };
-        assert!(matches!(s.begin("k", "a", b"x", t0), Ok(Begin::InFlight)));
-        assert!(matches!(s.begin("k", "a", b"y", t0), Ok(Begin::Mismatch)));
+        assert!(matches!(
+            s.begin("k", "a", b"x", t0).await,
+            Ok(Begin::InFlight)
+        ));
+        assert!(matches!(
+            s.begin("k", "a", b"y", t0).await,
+            Ok(Begin::Mismatch)
+        ));
         // Another API key has its own namespace.
-        assert!(matches!(s.begin("k2", "a", b"x", t0), Ok(Begin::New(_))));
+        assert!(matches!(
+            s.begin("k2", "a", b"x", t0).await,
+            Ok(Begin::New(_))
+        ));
         complete(g, &store, t0).await;
-        assert!(matches!(s.begin("k", "a", b"x", t0), Ok(Begin::Replay(r)) if r == stored()));
-        assert!(matches!(s.begin("k", "a", b"y", t0), Ok(Begin::Mismatch)));
+        assert!(matches!(s.begin("k", "a", b"x", t0).await, Ok(Begin::Replay(r)) if r == stored()));
+        assert!(matches!(
+            s.begin("k", "a", b"y", t0).await,
+            Ok(Begin::Mismatch)
+        ));
         let later = t0 + TTL.as_millis() as i64 + 1;
-        assert!(matches!(s.begin("k", "a", b"x", later), Ok(Begin::New(_))));
+        assert!(matches!(
+            s.begin("k", "a", b"x", later).await,
+            Ok(Begin::New(_))
+        ));
         assert_eq!(s.sweep(later).unwrap(), 1);
     }
 
@@ -261,15 +494,15 @@ mod tests {
         let path = dir.path().join("outbox");
         {
             let store = Outbox::open(&path).unwrap();
-            let s = Idempotency::new(store.clone());
-            let first = s.begin("k", "a", b"x", 5).unwrap();
+            let s = Idempotency::new(store.clone(), Cluster::local("gw"));
+            let first = s.begin("k", "a", b"x", 5).await.unwrap();
             drop(first);
-            let Ok(Begin::New(g)) = s.begin("k", "a", b"x", 5) else {
+            let Ok(Begin::New(g)) = s.begin("k", "a", b"x", 5).await else {
                 unreachable!()
             };
             complete(g, &store, 5).await;
         }
-        let s = Idempotency::new(crate::outbox::reopen(&path).await);
-        assert!(matches!(s.begin("k", "a", b"x", 6), Ok(Begin::Replay(r)) if r == stored()));
+        let s = Idempotency::new(crate::outbox::reopen(&path).await, Cluster::local("gw"));
+        assert!(matches!(s.begin("k", "a", b"x", 6).await, Ok(Begin::Replay(r)) if r == stored()));
     }
 }

@@ -19,8 +19,11 @@
 //! Layout:
 //! - [`chat`]: the `/v1` handlers (validation, idempotency, admission)
 //! - [`metering`]: an admitted request until its one usage event (streaming too)
-//! - [`limits`]: requests/min and tokens/min per key and model, concurrency per tenant
-//! - [`idempotency`]: `Idempotency-Key` replays and conflicts (in memory)
+//! - [`limits`]: requests/min and tokens/min per key and model, requests/s,
+//!   concurrency and KV·seconds per tenant — shared by every gateway
+//! - [`cluster`]: the Redis the gateways share, their liveness, the limits' mode
+//! - [`tpot`]: recent time per output token, for the KV·seconds estimate
+//! - [`idempotency`]: `Idempotency-Key` replays and conflicts, across gateways
 //! - [`tenants`]: key hashes → callers and their limits, refreshed in the background
 //! - [`seed`]: tenants, keys and limits from a YAML file
 //! - [`outbox`]: the durable local queue (redb, group commit)
@@ -28,6 +31,7 @@
 //! - [`service`], [`config`], [`error`], [`telemetry`]: the process around it
 
 pub mod chat;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod idempotency;
@@ -40,6 +44,7 @@ pub mod seed;
 pub mod service;
 pub mod telemetry;
 pub mod tenants;
+pub mod tpot;
 
 pub use config::GatewayConfig;
 pub use error::GatewayError;

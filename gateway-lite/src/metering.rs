@@ -293,6 +293,7 @@ impl Run {
         answer: Option<&Stored>,
     ) -> Result<(), GatewayError> {
         let used = (event.prompt_tokens + event.completion_tokens).max(0) as u64;
+        let answer_for_peers = answer.filter(|_| self.idempotency.is_some());
         let answer = match (&self.idempotency, answer) {
             (Some(guard), Some(a)) => Some(guard.answer(a, now_ms().timestamp_millis())),
             _ => None,
@@ -304,7 +305,14 @@ impl Run {
             .await;
         self.permit.settle(used, Instant::now());
         result?;
+        if let (Some(guard), Some(a)) = (self.idempotency.as_mut(), answer_for_peers) {
+            guard.publish(a).await;
+        }
         crate::telemetry::record_request(&self.caller.tenant_id, &self.model, &event);
+        if let Some(ms) = event.tpot_ms.filter(|ms| *ms > 0) {
+            let tpot = std::time::Duration::from_millis(ms as u64);
+            self.state.tpot.record(&self.model, tpot, Instant::now());
+        }
         Ok(())
     }
     fn event(&self) -> UsageEvent {

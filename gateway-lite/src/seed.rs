@@ -26,6 +26,9 @@ pub struct TenantSeed {
     pub weight: i32,
     pub rate_limit: RateLimit,
     pub max_concurrency: i32,
+    /// Cap on KV·seconds in flight (GiB·s), all gateways together.
+    #[serde(default)]
+    pub max_kv_gib_seconds: Option<i64>,
     pub billing_mode: String,
     #[serde(default = "yes")]
     pub shadow: bool,
@@ -87,14 +90,16 @@ pub async fn apply(pool: &PgPool, seed: &SeedFile) -> Result<(), GatewayError> {
     for t in &seed.tenants {
         sqlx::query(
             "INSERT INTO tenants (tenant_id, display_name, plan, priority, wfq_weight, billing_mode,
-                 shadow, time_zone, requests_per_second, burst, max_concurrency)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                 shadow, time_zone, requests_per_second, burst, max_concurrency,
+                 max_kv_gib_seconds)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
              ON CONFLICT (tenant_id) DO UPDATE SET display_name = EXCLUDED.display_name,
                  plan = EXCLUDED.plan, priority = EXCLUDED.priority,
                  wfq_weight = EXCLUDED.wfq_weight, billing_mode = EXCLUDED.billing_mode,
                  shadow = EXCLUDED.shadow, time_zone = EXCLUDED.time_zone,
                  requests_per_second = EXCLUDED.requests_per_second, burst = EXCLUDED.burst,
-                 max_concurrency = EXCLUDED.max_concurrency, updated_at = now()",
+                 max_concurrency = EXCLUDED.max_concurrency,
+                 max_kv_gib_seconds = EXCLUDED.max_kv_gib_seconds, updated_at = now()",
         )
         .bind(&t.name)
         .bind(t.display_name.as_deref().unwrap_or(&t.name))
@@ -107,6 +112,7 @@ pub async fn apply(pool: &PgPool, seed: &SeedFile) -> Result<(), GatewayError> {
         .bind(t.rate_limit.requests_per_second)
         .bind(t.rate_limit.burst)
         .bind(t.max_concurrency)
+        .bind(t.max_kv_gib_seconds)
         .execute(&mut *tx)
         .await
         .map_err(|e| seed_error(&t.name, e))?;

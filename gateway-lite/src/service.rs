@@ -18,7 +18,8 @@ use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 use usage_contract::RequestId;
 
-use crate::config::GatewayConfig;
+use crate::cluster::Cluster;
+use crate::config::{GatewayConfig, LimitsMode};
 use crate::error::GatewayError;
 use crate::idempotency::Idempotency;
 use crate::limits::Limiter;
@@ -40,6 +41,8 @@ pub struct AppState {
     /// Longest a request may run before it is stopped and billed as an error.
     pub request_timeout: Duration,
     pub limiter: Limiter,
+    /// Recent TPOT per model, for the KV·seconds estimate.
+    pub tpot: crate::tpot::Tpot,
     pub idempotency: Idempotency,
     /// Every admitted request's task, so shutdown waits until each one has
     /// written its usage event.
@@ -149,6 +152,25 @@ pub async fn run(
     for m in upstreams.models() {
         tracing::info!(model = %m.name, remote = m.remote, replica = %m.replica_id, "serving model");
     }
+    let cluster = match config.limits {
+        LimitsMode::Shared => {
+            Cluster::connect(&config.redis_url, &config.redis_prefix, &config.gateway_id)?
+        }
+        LimitsMode::Local => Cluster::local(&config.gateway_id),
+    };
+    let limiter = Limiter::new(config.global_rate(), cluster.clone());
+    // One round before serving, so a gateway starts shared when Redis is up
+    // (and local, without waiting, when it is not).
+    limiter.renew(true).await;
+    tracing::info!(
+        mode = cluster.mode().as_str(),
+        peers = cluster.peers(),
+        "limits"
+    );
+    let renewal = match config.limits {
+        LimitsMode::Shared => Some(limiter.spawn_renewal()),
+        LimitsMode::Local => None,
+    };
     let state = AppState {
         registry,
         engine: Arc::new(upstreams),
@@ -156,8 +178,9 @@ pub async fn run(
         gateway_id: config.gateway_id.clone(),
         speedup: config.engine_speedup,
         request_timeout: config.request_timeout(),
-        limiter: Limiter::new(config.global_rate()),
-        idempotency: Idempotency::new(outbox.clone()),
+        limiter: limiter.clone(),
+        tpot: crate::tpot::Tpot::default(),
+        idempotency: Idempotency::new(outbox.clone(), cluster.clone()),
         runs: TaskTracker::new(),
         readiness: Readiness::default(),
     };
@@ -195,6 +218,9 @@ pub async fn run(
             running = runs.len(),
             "requests still running after the grace period"
         );
+    }
+    if let Some(renewal) = renewal {
+        renewal.abort();
     }
     tracing::info!("draining the outbox");
     let _ = stop_tx.send(true);

@@ -87,6 +87,18 @@ pub fn describe() {
         "gateway_upstream_in_flight",
         "HTTP upstream replicas: requests in flight"
     );
+    metrics::describe_gauge!(
+        "gateway_limits_mode",
+        "Where the limits are enforced: 1 on the current mode (shared: leased from Redis with every gateway; local: this gateway's share in memory), 0 on the other"
+    );
+    metrics::describe_gauge!(
+        "gateway_peers",
+        "Gateways alive at the last heartbeat in Redis, this one included"
+    );
+    metrics::describe_counter!(
+        "gateway_redis_calls_total",
+        "Calls to Redis, by purpose (lease, give_back, renew, heartbeat, idempotency)"
+    );
 }
 
 /// The HTTP upstreams' ledgers, read at scrape time (their GPU-seconds:
@@ -166,6 +178,21 @@ pub fn rejected(tenant: &str, reason: &'static str) {
 pub fn tokens_remaining(tenant: &str, model: &str, remaining: u64) {
     gauge!("gateway_tokens_remaining", "tenant" => tenant.to_owned(), "model" => model.to_owned())
         .set(remaining as f64);
+}
+
+pub fn limits_mode(mode: crate::cluster::Mode) {
+    use crate::cluster::Mode;
+    for m in [Mode::Shared, Mode::Local] {
+        gauge!("gateway_limits_mode", "mode" => m.as_str()).set(if m == mode { 1.0 } else { 0.0 });
+    }
+}
+
+pub fn peers(n: u32) {
+    gauge!("gateway_peers").set(f64::from(n));
+}
+
+pub fn redis_call(purpose: &'static str) {
+    counter!("gateway_redis_calls_total", "purpose" => purpose).increment(1);
 }
 
 pub fn active_requests(tenant: &str, n: u32) {

@@ -18,6 +18,8 @@ pub struct Caller {
     pub priority: i16,
     /// The tenant's cap on concurrent in-flight requests, all keys together.
     pub max_concurrency: Option<u32>,
+    /// The tenant's cap on KV·seconds in flight, all keys together, in MiB·s.
+    pub max_kv_mib_seconds: Option<u64>,
     /// The tenant's requests/s and burst, all keys and models together.
     pub rate: Option<crate::limits::RequestRate>,
     /// The tenant's `limits` rows by model (`*` applies to every model
@@ -59,6 +61,7 @@ struct KeyRow {
     api_key_id: String,
     priority: i16,
     max_concurrency: Option<i32>,
+    max_kv_gib_seconds: Option<i64>,
     requests_per_second: Option<i32>,
     burst: Option<i32>,
 }
@@ -107,7 +110,7 @@ impl Registry {
     pub async fn refresh(&self, pool: &PgPool) -> Result<usize, sqlx::Error> {
         let rows: Vec<KeyRow> = sqlx::query_as(
             "SELECT k.key_hash, k.tenant_id, k.api_key_id, t.priority, t.max_concurrency,
-                    t.requests_per_second, t.burst
+                    t.max_kv_gib_seconds, t.requests_per_second, t.burst
              FROM api_keys k
              JOIN tenants t USING (tenant_id)
              WHERE k.revoked_at IS NULL",
@@ -147,6 +150,8 @@ impl Registry {
                     api_key_id: row.api_key_id,
                     priority: row.priority,
                     max_concurrency: positive_u32(row.max_concurrency),
+                    max_kv_mib_seconds: positive(row.max_kv_gib_seconds)
+                        .map(|g| g.saturating_mul(1024)),
                     // A rate without a burst may burst one second's worth.
                     rate: positive_u32(row.requests_per_second).map(|per_second| {
                         crate::limits::RequestRate {

@@ -38,6 +38,7 @@ async fn start() -> Gateway {
             api_key_id: "key_acme".into(),
             priority: 3,
             max_concurrency: None,
+            max_kv_mib_seconds: None,
             rate: None,
             limits: Arc::new(HashMap::new()),
         },
@@ -52,7 +53,8 @@ async fn start() -> Gateway {
         speedup: 0,
         request_timeout: Duration::from_secs(60),
         limiter: Limiter::default(),
-        idempotency: Idempotency::new(outbox),
+        tpot: Default::default(),
+        idempotency: Idempotency::new(outbox, gateway_lite::cluster::Cluster::local("gw-test")),
         runs: tokio_util::task::TaskTracker::new(),
         readiness: Default::default(),
     };

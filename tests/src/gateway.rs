@@ -63,7 +63,6 @@ pub async fn start_gateway_with(
 ) -> (Service, String) {
     let port = free_port();
     let mut env = stack.env();
-    env.extend(settings.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
     env.insert("GATEWAY_ADDR".into(), format!("127.0.0.1:{port}"));
     env.insert(
         "GATEWAY_OUTBOX".into(),
@@ -71,9 +70,13 @@ pub async fn start_gateway_with(
     );
     env.insert("ENGINE_SPEEDUP".into(), speedup.to_string());
     // Tests send bursts; a test of the global limit sets its own.
-    env.entry("GATEWAY_GLOBAL_RPS".into())
-        .or_insert_with(|| "0".into());
-    let mut gateway = Service::start("gateway", "gateway-lite", &[], env, stack.dir.path())
+    env.insert("GATEWAY_GLOBAL_RPS".into(), "0".into());
+    // Last, so a test's own settings (a second gateway's id, outbox, …) win.
+    env.extend(settings.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+    let name = env
+        .get("GATEWAY_ID")
+        .map_or_else(|| "gateway".to_owned(), |id| format!("gateway-{id}"));
+    let mut gateway = Service::start(&name, "gateway-lite", &[], env, stack.dir.path())
         .unwrap_or_else(|e| panic!("{e}"));
     let url = format!("http://127.0.0.1:{port}");
     wait_healthy(

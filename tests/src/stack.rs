@@ -156,7 +156,14 @@ impl TestStack {
             ("INGEST_TOPIC".into(), self.topic.clone()),
             ("GATEWAY_TOPIC".into(), self.topic.clone()),
             ("INGEST_GROUP".into(), self.group.clone()),
+            // Gateways of one test share their limits, never another test's.
+            ("GATEWAY_REDIS_PREFIX".into(), self.redis_prefix()),
         ])
+    }
+
+    /// The Redis key prefix of this test's gateways.
+    pub fn redis_prefix(&self) -> String {
+        format!("{}:", self.topic)
     }
 
     /// A plain producer for tests that write the topic themselves.

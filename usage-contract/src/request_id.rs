@@ -40,6 +40,26 @@ impl RequestId {
         Self(Uuid::new_v7(ts))
     }
 
+    /// The id of a request that may be sent again (`Idempotency-Key`): the
+    /// same `seed` on the same UTC `day` always gives the same id, so a
+    /// re-run that no shared store remembered is still one row in
+    /// `request_log`. Its time is the start of `day` (the request sorts
+    /// first in its day's partition); the other 74 bits come from `seed`.
+    pub fn derived(day: NaiveDate, seed: &[u8]) -> Self {
+        use sha2::{Digest, Sha256};
+        let midnight = day.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc();
+        let ms = midnight.timestamp_millis().max(0) as u64;
+        let mut h = Sha256::new();
+        h.update(day.to_string().as_bytes());
+        h.update([0]);
+        h.update(seed);
+        let digest = h.finalize();
+        let mut random = [0u8; 10];
+        random.copy_from_slice(&digest[..10]);
+        let uuid = uuid::Builder::from_unix_timestamp_millis(ms, &random).into_uuid();
+        Self(uuid)
+    }
+
     /// Wraps a UUID, which must be version 7.
     pub fn from_uuid(uuid: Uuid) -> Result<Self, InvalidRequestId> {
         if uuid.get_version_num() == 7 {
@@ -123,6 +143,19 @@ impl<'de> Deserialize<'de> for RequestId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn derived_ids_are_stable_per_seed_and_day_and_live_in_that_day() {
+        let day = NaiveDate::from_ymd_opt(2026, 12, 2).unwrap();
+        let a = RequestId::derived(day, b"key\0idem\0body\0attempt 0");
+        assert_eq!(a, RequestId::derived(day, b"key\0idem\0body\0attempt 0"));
+        assert_ne!(a, RequestId::derived(day, b"key\0idem\0body\0attempt 1"));
+        let next = day.succ_opt().unwrap();
+        assert_ne!(a, RequestId::derived(next, b"key\0idem\0body\0attempt 0"));
+        assert_eq!(a.day(), day);
+        assert_eq!(a.as_uuid().get_version_num(), 7);
+        assert_eq!(a.to_string().parse::<RequestId>().unwrap(), a);
+    }
 
     #[test]
     fn display_parses_back() {

@@ -1,0 +1,184 @@
+//! The limiter's Redis side against the machine's real Redis (`REDIS_URL`,
+//! else 127.0.0.1:6379), each test under its own key prefix: two limiters
+//! (two gateways) on one key stay within the limit together, where two
+//! in-memory ones admit twice; a capacity is shared and comes back when a
+//! gateway's liveness lapses; a Redis that is not there means local mode.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gateway_lite::cluster::{Cluster, Mode};
+use gateway_lite::limits::{Ask, LimitKind, Limiter};
+use gateway_lite::tenants::{Caller, ModelLimits};
+
+fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+fn prefix() -> String {
+    format!("mt-test-{}:", uuid::Uuid::now_v7().simple())
+}
+
+fn caller(rpm: Option<u32>, conc: Option<u32>) -> Caller {
+    let limits = ModelLimits {
+        rpm,
+        tpm: None,
+        max_context: None,
+        max_output: None,
+    };
+    Caller {
+        tenant_id: "t".into(),
+        api_key_id: "k".into(),
+        priority: 3,
+        max_concurrency: conc,
+        max_kv_mib_seconds: None,
+        rate: None,
+        limits: Arc::new(HashMap::from([("*".to_owned(), limits)])),
+    }
+}
+
+fn ask(n: usize) -> Ask<'static> {
+    Ask {
+        model: "m",
+        estimate: 10,
+        kv_mib_seconds: 0,
+        request_id: format!("req_{n}"),
+    }
+}
+
+async fn gateway(prefix: &str, id: &str) -> Limiter {
+    let cluster = Cluster::connect(&redis_url(), prefix, id).unwrap();
+    let limiter = Limiter::new(None, cluster);
+    limiter.renew(true).await;
+    assert_eq!(
+        limiter.cluster().mode(),
+        Mode::Shared,
+        "Redis at {}",
+        redis_url()
+    );
+    limiter
+}
+
+/// Admits on `limiters` in turn until every one has been refused; returns
+/// how many each admitted.
+async fn admit_until_refused(limiters: &[Limiter], c: &Caller) -> Vec<u32> {
+    let mut admitted = vec![0; limiters.len()];
+    let mut refused = vec![false; limiters.len()];
+    let mut n = 0;
+    while refused.iter().any(|r| !r) {
+        for (i, l) in limiters.iter().enumerate() {
+            if refused[i] {
+                continue;
+            }
+            n += 1;
+            match l.admit(c, ask(n)).await {
+                Ok(p) => {
+                    admitted[i] += 1;
+                    drop(p);
+                }
+                Err(r) => {
+                    assert_eq!(r.limit, LimitKind::Requests);
+                    refused[i] = true;
+                }
+            }
+        }
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn two_gateways_on_one_key_stay_within_its_limit_together() {
+    let p = prefix();
+    let a = gateway(&p, "gw-a").await;
+    let b = gateway(&p, "gw-b").await;
+    // The heartbeat of both: each now knows there are two.
+    a.renew(true).await;
+    assert_eq!(a.cluster().peers(), 2);
+    let c = caller(Some(600), None);
+    let started = std::time::Instant::now();
+    let shared = admit_until_refused(&[a, b], &c).await;
+    let total: u32 = shared.iter().sum();
+    // 600/min refills 10/s: the limit plus what refilled while we ran.
+    let refilled = (started.elapsed().as_secs_f64() * 10.0).ceil() as u32;
+    assert!(
+        (600..=600 + refilled).contains(&total),
+        "together {shared:?} = {total}, limit 600 + {refilled} refilled"
+    );
+    assert!(shared.iter().all(|n| *n > 0), "both admitted: {shared:?}");
+
+    // The same two gateways with their limits in memory admit the limit each.
+    let local = [
+        Limiter::new(None, Cluster::local("gw-a")),
+        Limiter::new(None, Cluster::local("gw-b")),
+    ];
+    let alone = admit_until_refused(&local, &c).await;
+    assert!(alone.iter().all(|n| *n >= 600), "{alone:?}");
+}
+
+#[tokio::test]
+async fn concurrency_is_shared_and_a_silent_gateways_share_comes_back() {
+    let p = prefix();
+    let a = gateway(&p, "gw-a").await;
+    let b = gateway(&p, "gw-b").await;
+    let c = caller(None, Some(4));
+    let mut held = Vec::new();
+    for n in 0..3 {
+        held.push(a.admit(&c, ask(n)).await.unwrap());
+    }
+    let on_b = b.admit(&c, ask(10)).await.unwrap();
+    let refused = b.admit(&c, ask(11)).await.unwrap_err();
+    assert_eq!(refused.limit, LimitKind::Concurrency);
+    assert!(
+        a.admit(&c, ask(12)).await.is_err(),
+        "4 in flight across both"
+    );
+    drop(on_b);
+    // Released on b: b may use its unit again at once.
+    let again = b.admit(&c, ask(13)).await.unwrap();
+    drop(again);
+
+    // Gateway a goes silent holding 3 (its liveness key lapses as after a
+    // SIGKILL; deleting it stands for the 15 s without renewal).
+    let mut conn = redis::Client::open(redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let alive = format!("{p}gw:gw-a");
+    let removed: i64 = redis::cmd("DEL")
+        .arg(&alive)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(removed, 1, "gateway a's liveness key was {alive}");
+    std::mem::forget(held);
+    let mut took = Vec::new();
+    for n in 20..24 {
+        took.push(b.admit(&c, ask(n)).await.unwrap());
+    }
+    assert!(b.admit(&c, ask(30)).await.is_err(), "the cap is still 4");
+}
+
+#[tokio::test]
+async fn no_redis_means_local_mode_and_the_gateway_keeps_answering() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let cluster = Cluster::connect(&format!("redis://127.0.0.1:{port}"), &prefix(), "gw").unwrap();
+    let l = Limiter::new(None, cluster);
+    let started = std::time::Instant::now();
+    l.renew(true).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(l.cluster().mode(), Mode::Local);
+    let c = caller(Some(5), None);
+    let admitted = admit_until_refused(std::slice::from_ref(&l), &c).await;
+    assert_eq!(admitted, vec![5], "alone, its share is the whole limit");
+}

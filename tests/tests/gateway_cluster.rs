@@ -1,0 +1,425 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+//! Several gateway processes on one Redis behave as one gateway: one key's
+//! limit holds across them, a SIGKILLed gateway's concurrency comes back
+//! within 15 s, an idempotent retry on another gateway gets the same
+//! answer and is billed once (also after the first gateway was killed,
+//! and after Redis restarted empty), and a Redis that stops turns every
+//! gateway to local mode and back.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use devstack::PrivateRedis;
+use serde_json::{json, Value};
+use tests::gateway::{
+    hourly, metrics, seed_tenant, start_gateway_with, start_ingest, wait_for_log, TenantLimits,
+    Told,
+};
+use tests::process::wait_healthy;
+use tests::{Service, TestStack};
+
+/// Starts gateway `id` with its own outbox, on `redis` (the shared one if `None`).
+async fn gateway(
+    stack: &TestStack,
+    id: &str,
+    speedup: u32,
+    redis: Option<&str>,
+) -> (Service, String) {
+    let mut settings = vec![
+        ("GATEWAY_ID", id.to_owned()),
+        (
+            "GATEWAY_OUTBOX",
+            stack
+                .dir
+                .path()
+                .join(format!("outbox-{id}"))
+                .display()
+                .to_string(),
+        ),
+    ];
+    if let Some(url) = redis {
+        settings.push(("REDIS_URL", url.to_owned()));
+    }
+    start_gateway_with(stack, speedup, &settings).await
+}
+
+fn chat(model: &str, content: &str, max_tokens: u32) -> Value {
+    json!({
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+    })
+}
+
+/// The value of `gateway_limits_mode{mode="…"}` on a gateway.
+async fn mode(url: &str) -> &'static str {
+    let text = metrics(url).await;
+    if text
+        .lines()
+        .any(|l| l == "gateway_limits_mode{mode=\"shared\"} 1")
+    {
+        "shared"
+    } else if text
+        .lines()
+        .any(|l| l == "gateway_limits_mode{mode=\"local\"} 1")
+    {
+        "local"
+    } else {
+        panic!("no gateway_limits_mode in /metrics:\n{text}")
+    }
+}
+
+async fn wait_mode(url: &str, want: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        if mode(url).await == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "{url} not {want} after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What the client was told in a 200: (prompt, cached, completion).
+fn usage(v: &Value) -> (i64, i64, i64) {
+    let u = &v["usage"];
+    (
+        u["prompt_tokens"].as_i64().unwrap(),
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_i64()
+            .unwrap_or(0),
+        u["completion_tokens"].as_i64().unwrap(),
+    )
+}
+
+fn add(told: &mut Told, tenant: &str, (p, c, o): (i64, i64, i64)) {
+    let e = told.entry(tenant.to_owned()).or_default();
+    e.0 += 1;
+    e.1 += p;
+    e.2 += c;
+    e.3 += o;
+}
+
+async fn wait_hourly(stack: &TestStack, want: &Told, services: &[&Service]) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let got = hourly(stack).await;
+        if &got == want {
+            return;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = services.iter().map(|s| s.log_tail()).collect();
+            panic!(
+                "usage_hourly {got:?}, clients were told {want:?}\n{}",
+                logs.join("\n---\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_gateways_admit_one_keys_limit_between_them() {
+    let stack = TestStack::new("gwshared").await;
+    const KEY: &str = "sk-test-shared-0001";
+    let limits = TenantLimits {
+        rpm: Some(60),
+        ..Default::default()
+    };
+    seed_tenant(&stack, "shared", KEY, limits).await;
+    let mut gateways = Vec::new();
+    for id in ["gw-a", "gw-b", "gw-c"] {
+        gateways.push(gateway(&stack, id, 0, None).await);
+    }
+    // Every gateway has seen the other two (heartbeats every 5 s).
+    for (_, url) in &gateways {
+        let deadline = Instant::now() + Duration::from_secs(12);
+        while !metrics(url).await.lines().any(|l| l == "gateway_peers 3") {
+            assert!(Instant::now() < deadline, "{url} never saw 3 gateways");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_eq!(mode(url).await, "shared");
+    }
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    // 8 concurrent clients, 240 requests, spread over the three gateways.
+    let mut tasks = Vec::new();
+    for worker in 0..8usize {
+        let urls: Vec<String> = gateways.iter().map(|(_, u)| u.clone()).collect();
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = [0u32; 3];
+            for n in 0..30usize {
+                let g = (worker + n) % 3;
+                let res = client
+                    .post(format!("{}/v1/chat/completions", urls[g]))
+                    .bearer_auth(KEY)
+                    .json(&chat("llama-3.1-8b", "hello", 3))
+                    .send()
+                    .await
+                    .unwrap();
+                match res.status().as_u16() {
+                    200 => admitted[g] += 1,
+                    429 => {
+                        let v: Value = res.json().await.unwrap();
+                        assert_eq!(v["error"]["type"], "requests", "{v}");
+                    }
+                    s => panic!("status {s}: {}", res.text().await.unwrap()),
+                }
+            }
+            admitted
+        }));
+    }
+    let mut per_gateway = [0u32; 3];
+    for t in tasks {
+        let a = t.await.unwrap();
+        for g in 0..3 {
+            per_gateway[g] += a[g];
+        }
+    }
+    let total: u32 = per_gateway.iter().sum();
+    // 60/min refills one a second: the limit, plus what refilled meanwhile.
+    let refilled = started.elapsed().as_secs() as u32 + 1;
+    assert!(
+        (60..=60 + refilled).contains(&total),
+        "admitted {per_gateway:?} = {total}; the key's limit is 60/min (+{refilled} refilled)"
+    );
+    // Each gateway alone, with its limits in memory, would have admitted
+    // 60 of the 80 it was sent; here none got near that.
+    assert!(
+        per_gateway.iter().all(|n| (1..60).contains(n)),
+        "{per_gateway:?}"
+    );
+    for (_, url) in &gateways {
+        assert_eq!(mode(url).await, "shared");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_gateways_concurrency_returns_and_nothing_it_answered_is_lost_or_doubled() {
+    let stack = TestStack::new("gwkill").await;
+    const KEY: &str = "sk-test-kill-0001";
+    let limits = TenantLimits {
+        max_concurrency: Some(3),
+        ..Default::default()
+    };
+    seed_tenant(&stack, "kill", KEY, limits).await;
+    let (mut a, url_a) = gateway(&stack, "gw-a", 1, None).await;
+    let (b, url_b) = gateway(&stack, "gw-b", 1, None).await;
+    let ingest = start_ingest(&stack);
+    let client = reqwest::Client::new();
+    let send = |url: &str, body: Value| {
+        client
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&body)
+            .send()
+    };
+    // Answered by a before it dies: these must be billed, once.
+    let mut told = Told::new();
+    for n in 0..3 {
+        let res = send(&url_a, chat("llama-3.1-8b", &format!("short {n}"), 5))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        add(&mut told, "kill", usage(&res.json().await.unwrap()));
+    }
+    // Three long streams hold the tenant's whole concurrency on a.
+    let mut streams = Vec::new();
+    for n in 0..3 {
+        let mut body = chat("llama-3.1-70b", &format!("long {n}"), 4000);
+        body["stream"] = json!(true);
+        let mut res = send(&url_a, body).await.unwrap();
+        assert_eq!(res.status(), 200);
+        let first = res.chunk().await.unwrap();
+        assert!(first.is_some(), "the stream started");
+        streams.push(res);
+    }
+    let refused = send(&url_b, chat("llama-3.1-8b", "while a holds all", 5))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429, "{}", refused.text().await.unwrap());
+
+    a.kill9().await;
+    let killed = Instant::now();
+    drop(streams);
+    let returned = loop {
+        let res = send(&url_b, chat("llama-3.1-8b", "after the kill", 5))
+            .await
+            .unwrap();
+        if res.status() == 200 {
+            add(&mut told, "kill", usage(&res.json().await.unwrap()));
+            break killed.elapsed();
+        }
+        assert_eq!(res.status(), 429);
+        assert!(
+            killed.elapsed() < Duration::from_secs(20),
+            "a's concurrency never came back:\n{}",
+            b.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        returned <= Duration::from_millis(15_500),
+        "concurrency came back after {returned:?}, above 15 s"
+    );
+    // a comes back (same outbox): what it answered is relayed, once.
+    a.restart().unwrap_or_else(|e| panic!("{e}"));
+    wait_healthy(&format!("{url_a}/healthz"), &mut a, Duration::from_secs(60)).await;
+    wait_for_log(&stack, "kill", 4, &[&a, &b, &ingest]).await;
+    wait_hourly(&stack, &told, &[&a, &b, &ingest]).await;
+    eprintln!("concurrency returned {returned:?} after the SIGKILL");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idempotent_retries_across_gateways_kills_and_a_redis_restart_are_billed_once() {
+    let mut redis = PrivateRedis::start().await.unwrap();
+    let stack = TestStack::new("gwidemx").await;
+    const KEY: &str = "sk-test-idemx-0001";
+    seed_tenant(&stack, "idemx", KEY, Default::default()).await;
+    let (mut a, url_a) = gateway(&stack, "gw-a", 1, Some(&redis.url())).await;
+    let (b, url_b) = gateway(&stack, "gw-b", 1, Some(&redis.url())).await;
+    let ingest = start_ingest(&stack);
+    let client = reqwest::Client::new();
+    let send = |url: &str, key: &str, body: &Value| {
+        client
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .header("idempotency-key", key)
+            .json(body)
+            .send()
+    };
+    let mut told = Told::new();
+    let mut ids = BTreeMap::new();
+
+    // Answered by a, retried on b: the same answer and id, run once.
+    let body = chat("llama-3.1-8b", "order 1", 20);
+    let first = send(&url_a, "order-1", &body).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let id = first.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let first_body: Value = first.json().await.unwrap();
+    add(&mut told, "idemx", usage(&first_body));
+    let retry = send(&url_b, "order-1", &body).await.unwrap();
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["x-request-id"], id.as_str());
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.json::<Value>().await.unwrap(), first_body);
+    ids.insert("order-1", id);
+
+    // A duplicate on b while a still runs it: 409.
+    let slow = chat("llama-3.1-70b", "order 2", 60);
+    let running = tokio::spawn(send(&url_a, "order-2", &slow));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let dup = send(&url_b, "order-2", &slow).await.unwrap();
+    assert_eq!(dup.status(), 409, "{}", dup.text().await.unwrap());
+    let done = running.await.unwrap().unwrap();
+    assert_eq!(done.status(), 200);
+    ids.insert(
+        "order-2",
+        done.headers()["x-request-id"].to_str().unwrap().to_owned(),
+    );
+    add(&mut told, "idemx", usage(&done.json().await.unwrap()));
+
+    // Answered by a, which is then SIGKILLed: b replays it from Redis.
+    let body3 = chat("llama-3.1-8b", "order 3", 20);
+    let third = send(&url_a, "order-3", &body3).await.unwrap();
+    assert_eq!(third.status(), 200);
+    let third_id = third.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let third_body: Value = third.json().await.unwrap();
+    add(&mut told, "idemx", usage(&third_body));
+    a.kill9().await;
+    let replay = send(&url_b, "order-3", &body3).await.unwrap();
+    assert_eq!(replay.headers()["x-request-id"], third_id.as_str());
+    assert_eq!(replay.json::<Value>().await.unwrap(), third_body);
+    ids.insert("order-3", third_id);
+
+    // Redis restarts empty: it forgot every claim. A retry of order-1 on b
+    // runs again, under the same derived id, and ingest bills it once.
+    redis.kill9().await;
+    redis.restart().await.unwrap();
+    wait_mode(&url_b, "shared", Duration::from_secs(15)).await;
+    let rerun = send(&url_b, "order-1", &body).await.unwrap();
+    assert_eq!(rerun.status(), 200);
+    assert_eq!(
+        rerun.headers()["x-request-id"],
+        ids["order-1"].as_str(),
+        "the re-run carries the first attempt's id"
+    );
+    assert!(rerun.headers().get("idempotent-replayed").is_none());
+
+    a.restart().unwrap_or_else(|e| panic!("{e}"));
+    wait_healthy(&format!("{url_a}/healthz"), &mut a, Duration::from_secs(60)).await;
+    let rows = wait_for_log(&stack, "idemx", 3, &[&a, &b, &ingest]).await;
+    for (key, id) in &ids {
+        assert!(rows.contains_key(id), "{key} ({id}) not billed: {rows:?}");
+    }
+    wait_hourly(&stack, &told, &[&a, &b, &ingest]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_stopped_mid_traffic_turns_limits_local_and_back() {
+    let mut redis = PrivateRedis::start().await.unwrap();
+    let stack = TestStack::new("gwredisdown").await;
+    const KEY: &str = "sk-test-redisdown-0001";
+    let limits = TenantLimits {
+        rpm: Some(40),
+        max_concurrency: Some(4),
+        ..Default::default()
+    };
+    seed_tenant(&stack, "down", KEY, limits).await;
+    let (a, url_a) = gateway(&stack, "gw-a", 0, Some(&redis.url())).await;
+    let (b, url_b) = gateway(&stack, "gw-b", 0, Some(&redis.url())).await;
+    let ingest = start_ingest(&stack);
+    // Both have seen each other before Redis goes.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(mode(&url_a).await, "shared");
+    assert!(metrics(&url_a).await.contains("gateway_peers 2"));
+
+    redis.kill9().await;
+    let client = reqwest::Client::new();
+    let mut told = Told::new();
+    let mut admitted = [0u32; 2];
+    for n in 0..60usize {
+        let (g, url) = if n % 2 == 0 { (0, &url_a) } else { (1, &url_b) };
+        let started = Instant::now();
+        let res = client
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&chat("llama-3.1-8b", &format!("during the outage {n}"), 3))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "an answer without Redis took {:?}",
+            started.elapsed()
+        );
+        match res.status().as_u16() {
+            200 => {
+                admitted[g] += 1;
+                add(&mut told, "down", usage(&res.json().await.unwrap()));
+            }
+            429 => {}
+            s => panic!("status {s} without Redis: {}", res.text().await.unwrap()),
+        }
+    }
+    for url in [&url_a, &url_b] {
+        wait_mode(url, "local", Duration::from_secs(10)).await;
+    }
+    // Each fell back to its share: 40/min over the 2 gateways it last saw
+    // (a minute's allowance is 20 each, +1 for what refilled).
+    assert!(
+        admitted.iter().all(|n| (1..=21).contains(n)),
+        "admitted without Redis {admitted:?}"
+    );
+
+    redis.restart().await.unwrap();
+    for url in [&url_a, &url_b] {
+        let took = wait_mode(url, "shared", Duration::from_secs(15)).await;
+        eprintln!("{url} shared again after {took:?}");
+    }
+    wait_hourly(&stack, &told, &[&a, &b, &ingest]).await;
+}
