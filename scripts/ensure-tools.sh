@@ -67,3 +67,29 @@ if [ "$(cat "$FOCUS_VALIDATOR_VENV/.installed" 2>/dev/null)" != "$FOCUS_VALIDATO
   "$FOCUS_VALIDATOR_VENV/bin/pip" install --quiet --disable-pip-version-check $FOCUS_VALIDATOR_PINS
   printf '%s' "$FOCUS_VALIDATOR_PINS" >"$FOCUS_VALIDATOR_VENV/.installed"
 fi
+
+# == openai (PyPI): the official OpenAI Python SDK against gateway-lite
+# In a virtualenv of its own under the cache, like schemathesis;
+# tests/tests/openai_sdk.rs runs tests/python/openai_sdk_check.py with its
+# python. Pinned to the newest 2.x release.
+OPENAI_VERSION=2.54.0
+OPENAI_VENV="${METERLINE_CACHE:-$HOME/.cache/meterline}/openai-$OPENAI_VERSION"
+if ! "$OPENAI_VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" >/dev/null 2>&1; then
+  command -v python3 >/dev/null 2>&1 || apt_install python3
+  rm -rf "$OPENAI_VENV"
+  python3 -m venv "$OPENAI_VENV" 2>/dev/null || {
+    apt_install python3-venv
+    rm -rf "$OPENAI_VENV"
+    python3 -m venv "$OPENAI_VENV"
+  }
+  "$OPENAI_VENV/bin/pip" install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION"
+fi
+
+# == nginx (Debian's nginx-light): a reverse proxy in front of the gateway
+# Only the binary /usr/sbin/nginx is used, with a config of the test's own;
+# no service runs. Debian's package starts one on port 80 where an init
+# system is present, so it is stopped right after installing.
+if [ ! -x /usr/sbin/nginx ]; then
+  apt_install nginx-light
+  service nginx stop >/dev/null 2>&1 || /usr/sbin/nginx -s stop >/dev/null 2>&1 || true
+fi
