@@ -159,11 +159,18 @@ async fn handle(
     }
     let max_tokens = asked.or(limits.max_output);
 
+    let class = ServiceClass::from_priority(caller.priority);
     let idempotency = match idempotency_key(headers)? {
         None => None,
         Some(key) => match state
             .idempotency
-            .begin(&caller.api_key_id, key, &body, now_ms().timestamp_millis())
+            .begin(
+                &caller.api_key_id,
+                key,
+                &body,
+                now_ms().timestamp_millis(),
+                class == ServiceClass::Reserved || state.retry_budget.allows_retry(Instant::now()),
+            )
             .await?
         {
             Begin::New(guard) => {
@@ -176,6 +183,10 @@ async fn handle(
                 return Err(GatewayError::IdempotencyInFlight);
             }
             Begin::Mismatch => return Err(GatewayError::IdempotencyMismatch),
+            Begin::Shed => {
+                telemetry::rejected(&caller.tenant_id, "retry_budget");
+                return Err(GatewayError::RetryBudget);
+            }
         },
     };
 
@@ -200,6 +211,8 @@ async fn handle(
             GatewayError::RateLimited(r)
         })?;
 
+    let retry = idempotency.as_ref().is_some_and(|g| g.is_retry());
+    state.retry_budget.admitted(retry, Instant::now());
     let started_at = now_ms();
     let generation = match state
         .engine
@@ -210,7 +223,7 @@ async fn handle(
                 max_tokens,
                 seed: req.seed.unwrap_or(0),
                 tenant_id: caller.tenant_id.clone(),
-                class: ServiceClass::from_priority(caller.priority),
+                class,
                 // An HTTP upstream gets the client's request as it was sent.
                 body: if info.remote {
                     serde_json::from_slice(&body).ok()

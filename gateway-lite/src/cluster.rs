@@ -170,6 +170,28 @@ impl Cluster {
         }
     }
 
+    /// Leaves the cluster on shutdown: its liveness key and its entry in
+    /// the set go, so whatever it still held is reclaimed at once.
+    pub async fn leave(&self) {
+        let Some(mut conn) = self.conn() else {
+            return;
+        };
+        let id = &self.inner.gateway_id;
+        let result: Result<(), _> = redis::pipe()
+            .cmd("DEL")
+            .arg(self.alive_key(id))
+            .ignore()
+            .cmd("ZREM")
+            .arg(self.key("gateways"))
+            .arg(id)
+            .ignore()
+            .query_async(&mut conn)
+            .await;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "could not leave the cluster in Redis");
+        }
+    }
+
     /// One heartbeat: renews this gateway's liveness and counts the live
     /// gateways. Returns whether Redis had lost this gateway's liveness
     /// key (Redis restarted empty, or this gateway is new), in which case

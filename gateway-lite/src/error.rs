@@ -66,6 +66,12 @@ pub enum GatewayError {
     IdempotencyInFlight,
     #[error("this Idempotency-Key was already used with a different request body")]
     IdempotencyMismatch,
+    /// Retries are above their share of the last minute's traffic (503).
+    #[error(
+        "retries are more than 20% of this gateway's traffic over the last minute; \
+         this retry is shed before first attempts: retry after the Retry-After interval"
+    )]
+    RetryBudget,
 }
 
 impl GatewayError {
@@ -76,7 +82,7 @@ impl GatewayError {
             Self::UnknownModel(_) | Self::UnknownPath(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Outbox(_) | Self::NoCapacity(_) | Self::Draining => {
+            Self::Outbox(_) | Self::NoCapacity(_) | Self::Draining | Self::RetryBudget => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -107,6 +113,7 @@ impl GatewayError {
             Self::Outbox(_) => ("server_error", Some("usage_not_recorded")),
             Self::NoCapacity(_) => ("server_error", Some("no_capacity")),
             Self::Draining => ("server_error", Some("draining")),
+            Self::RetryBudget => ("server_error", Some("retry_budget_exhausted")),
             Self::Timeout(_) => ("timeout", Some("request_timeout")),
             Self::RateLimited(r) => (r.limit.as_str(), Some("rate_limit_exceeded")),
             Self::IdempotencyInFlight => ("invalid_request_error", Some("idempotency_key_in_use")),
@@ -159,6 +166,7 @@ impl IntoResponse for GatewayError {
                 Some(crate::limits::RetryAfter::no_capacity())
             }
             Self::RateLimited(r) => Some(crate::limits::RetryAfter::rate_limited(r.wait)),
+            Self::RetryBudget => Some(crate::limits::RetryAfter::no_capacity()),
             _ => None,
         };
         if let Some(after) = retry_after {

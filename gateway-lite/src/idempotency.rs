@@ -53,27 +53,30 @@ pub const MAX_KEY_LEN: usize = 255;
 
 /// Claims a key, or says what it already is.
 ///
-/// KEYS[1]: the claim. ARGV: body hash, this gateway, liveness key prefix, TTL ms.
-/// Returns `{'new', attempt}`, `{'replay', request id, content type, body}`,
-/// `{'in_flight'}` or `{'mismatch'}`.
+/// KEYS[1]: the claim. ARGV: body hash, this gateway, liveness key prefix,
+/// TTL ms, whether a retry may run (`1`; else it is shed, nothing changed).
+/// Returns `{'new', attempt, retry (0/1)}`, `{'replay', request id, content
+/// type, body}`, `{'in_flight'}`, `{'mismatch'}` or `{'shed'}`.
 const BEGIN: &str = r"
-local k, body, me, alive, ttl = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local k, body, me, alive, ttl, may = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local v = redis.call('HMGET', k, 'body', 'state', 'owner', 'attempt', 'rid', 'ctype', 'answer')
 if not v[1] then
   redis.call('HSET', k, 'body', body, 'state', 'running', 'owner', me, 'attempt', 0)
   redis.call('PEXPIRE', k, ttl)
-  return {'new', 0}
+  return {'new', 0, 0}
 end
 if v[1] ~= body then return {'mismatch'} end
 if v[2] == 'done' then return {'replay', v[5], v[6], v[7]} end
 local attempt = tonumber(v[4]) or 0
 if v[2] == 'running' then
   if v[3] ~= me and redis.call('EXISTS', alive .. v[3]) == 1 then return {'in_flight'} end
+  if may ~= '1' then return {'shed'} end
   redis.call('HSET', k, 'owner', me)
-  return {'new', attempt}
+  return {'new', attempt, 1}
 end
+if may ~= '1' then return {'shed'} end
 redis.call('HSET', k, 'state', 'running', 'owner', me, 'attempt', attempt + 1)
-return {'new', attempt + 1}
+return {'new', attempt + 1, 1}
 ";
 
 /// Ends a claim: `done` with the answer, or `failed`.
@@ -114,6 +117,9 @@ pub enum Begin {
     InFlight,
     /// The key was used with a different request body.
     Mismatch,
+    /// A retry that would run again, refused by the retry budget (nothing
+    /// changed: the same retry later runs as it would have now).
+    Shed,
 }
 
 /// The key store; cheap to clone.
@@ -209,6 +215,7 @@ impl Idempotency {
         key: &str,
         body: &[u8],
         now_ms: i64,
+        may_retry: bool,
     ) -> Result<Begin, OutboxError> {
         let body_hash: [u8; 32] = Sha256::digest(body).into();
         let id = store_key(api_key_id, key);
@@ -241,8 +248,8 @@ impl Idempotency {
             }
         }
         let claim = self.claim_key(&id);
-        let attempt = match self.cluster.conn() {
-            None => 0,
+        let (attempt, retry) = match self.cluster.conn() {
+            None => (0, false),
             Some(mut conn) => {
                 crate::telemetry::redis_call("idempotency");
                 let reply: Result<Vec<redis::Value>, _> = self
@@ -253,15 +260,16 @@ impl Idempotency {
                     .arg(self.cluster.gateway_id())
                     .arg(self.cluster.alive_key(""))
                     .arg(ttl_ms)
+                    .arg(if may_retry { "1" } else { "0" })
                     .invoke_async(&mut conn)
                     .await;
                 match reply {
                     Err(e) => {
                         self.cluster.failed(&e);
-                        0
+                        (0, false)
                     }
                     Ok(v) => match parse_begin(&v) {
-                        Claimed::New(attempt) => attempt,
+                        Claimed::New { attempt, retry } => (attempt, retry),
                         Claimed::Other(b) => return Ok(release(b)),
                     },
                 }
@@ -280,6 +288,7 @@ impl Idempotency {
             claim,
             body_hash,
             attempt,
+            retry,
             request_id: RequestId::derived(day, &seed),
             published: false,
         }))
@@ -347,7 +356,7 @@ impl Idempotency {
 }
 
 enum Claimed {
-    New(u64),
+    New { attempt: u64, retry: bool },
     Other(Begin),
 }
 
@@ -361,7 +370,11 @@ fn parse_begin(v: &[redis::Value]) -> Claimed {
         }
     };
     match text(0).as_deref() {
-        Some("new") => Claimed::New(text(1).and_then(|a| a.parse().ok()).unwrap_or(0)),
+        Some("new") => Claimed::New {
+            attempt: text(1).and_then(|a| a.parse().ok()).unwrap_or(0),
+            retry: text(2).as_deref() == Some("1"),
+        },
+        Some("shed") => Claimed::Other(Begin::Shed),
         Some("replay") => {
             let body = match v.get(3) {
                 Some(redis::Value::BulkString(b)) => Bytes::from(b.clone()),
@@ -389,6 +402,8 @@ pub struct Guard {
     claim: String,
     body_hash: [u8; 32],
     attempt: u64,
+    /// The claim was there before: this request runs again.
+    retry: bool,
     request_id: RequestId,
     published: bool,
 }
@@ -397,6 +412,11 @@ impl Guard {
     /// The id this attempt runs under (derived; see the module docs).
     pub fn request_id(&self) -> RequestId {
         self.request_id
+    }
+
+    /// Whether this request runs again under a claim that was there.
+    pub fn is_retry(&self) -> bool {
+        self.retry
     }
 
     /// The store entry for `response`, to commit with the usage event.
@@ -416,14 +436,21 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        self.keys.in_flight().remove(&self.id);
         if !self.published && self.keys.cluster.conn().is_some() {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let (keys, claim) = (self.keys.clone(), self.claim.clone());
+                // The key stays claimed here (a retry gets 409) until Redis
+                // knows this attempt failed: a retry must run as the next
+                // attempt, under the next id, never under this one's.
+                let (keys, claim, id) = (self.keys.clone(), self.claim.clone(), self.id.clone());
                 let (attempt, hash) = (self.attempt, self.body_hash);
-                rt.spawn(async move { keys.finish(&claim, attempt, &hash, None).await });
+                rt.spawn(async move {
+                    keys.finish(&claim, attempt, &hash, None).await;
+                    keys.in_flight().remove(&id);
+                });
+                return;
             }
         }
+        self.keys.in_flight().remove(&self.id);
     }
 }
 
@@ -458,31 +485,33 @@ mod tests {
         let store = Outbox::open(&dir.path().join("outbox")).unwrap();
         let s = Idempotency::new(store.clone(), Cluster::local("gw"));
         let t0 = 1_000_000;
-        let Ok(Begin::New(g)) = s.begin("k", "a", b"x", t0).await else {
+        let Ok(Begin::New(g)) = s.begin("k", "a", b"x", t0, true).await else {
             unreachable!()
         };
         assert!(matches!(
-            s.begin("k", "a", b"x", t0).await,
+            s.begin("k", "a", b"x", t0, true).await,
             Ok(Begin::InFlight)
         ));
         assert!(matches!(
-            s.begin("k", "a", b"y", t0).await,
+            s.begin("k", "a", b"y", t0, true).await,
             Ok(Begin::Mismatch)
         ));
         // Another API key has its own namespace.
         assert!(matches!(
-            s.begin("k2", "a", b"x", t0).await,
+            s.begin("k2", "a", b"x", t0, true).await,
             Ok(Begin::New(_))
         ));
         complete(g, &store, t0).await;
-        assert!(matches!(s.begin("k", "a", b"x", t0).await, Ok(Begin::Replay(r)) if r == stored()));
+        assert!(
+            matches!(s.begin("k", "a", b"x", t0, true).await, Ok(Begin::Replay(r)) if r == stored())
+        );
         assert!(matches!(
-            s.begin("k", "a", b"y", t0).await,
+            s.begin("k", "a", b"y", t0, true).await,
             Ok(Begin::Mismatch)
         ));
         let later = t0 + TTL.as_millis() as i64 + 1;
         assert!(matches!(
-            s.begin("k", "a", b"x", later).await,
+            s.begin("k", "a", b"x", later, true).await,
             Ok(Begin::New(_))
         ));
         assert_eq!(s.sweep(later).unwrap(), 1);
@@ -495,14 +524,16 @@ mod tests {
         {
             let store = Outbox::open(&path).unwrap();
             let s = Idempotency::new(store.clone(), Cluster::local("gw"));
-            let first = s.begin("k", "a", b"x", 5).await.unwrap();
+            let first = s.begin("k", "a", b"x", 5, true).await.unwrap();
             drop(first);
-            let Ok(Begin::New(g)) = s.begin("k", "a", b"x", 5).await else {
+            let Ok(Begin::New(g)) = s.begin("k", "a", b"x", 5, true).await else {
                 unreachable!()
             };
             complete(g, &store, 5).await;
         }
         let s = Idempotency::new(crate::outbox::reopen(&path).await, Cluster::local("gw"));
-        assert!(matches!(s.begin("k", "a", b"x", 6).await, Ok(Begin::Replay(r)) if r == stored()));
+        assert!(
+            matches!(s.begin("k", "a", b"x", 6, true).await, Ok(Begin::Replay(r)) if r == stored())
+        );
     }
 }

@@ -22,6 +22,7 @@
 //! - [`limits`]: requests/min and tokens/min per key and model, requests/s,
 //!   concurrency and KV·seconds per tenant — shared by every gateway
 //! - [`cluster`]: the Redis the gateways share, their liveness, the limits' mode
+//! - [`retry_budget`]: retries shed first when they exceed 20% of the minute
 //! - [`tpot`]: recent time per output token, for the KV·seconds estimate
 //! - [`idempotency`]: `Idempotency-Key` replays and conflicts, across gateways
 //! - [`tenants`]: key hashes → callers and their limits, refreshed in the background
@@ -40,6 +41,7 @@ pub mod metering;
 pub mod outbox;
 pub mod readiness;
 pub mod relay;
+pub mod retry_budget;
 pub mod seed;
 pub mod service;
 pub mod telemetry;

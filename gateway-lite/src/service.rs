@@ -43,6 +43,8 @@ pub struct AppState {
     pub limiter: Limiter,
     /// Recent TPOT per model, for the KV·seconds estimate.
     pub tpot: crate::tpot::Tpot,
+    /// Retries against admitted traffic over the last minute.
+    pub retry_budget: Arc<crate::retry_budget::RetryBudget>,
     pub idempotency: Idempotency,
     /// Every admitted request's task, so shutdown waits until each one has
     /// written its usage event.
@@ -180,6 +182,7 @@ pub async fn run(
         request_timeout: config.request_timeout(),
         limiter: limiter.clone(),
         tpot: crate::tpot::Tpot::default(),
+        retry_budget: Arc::default(),
         idempotency: Idempotency::new(outbox.clone(), cluster.clone()),
         runs: TaskTracker::new(),
         readiness: Readiness::default(),
@@ -221,6 +224,7 @@ pub async fn run(
     }
     if let Some(renewal) = renewal {
         renewal.abort();
+        limiter.release().await;
     }
     tracing::info!("draining the outbox");
     let _ = stop_tx.send(true);

@@ -54,6 +54,7 @@ async fn start() -> Gateway {
         request_timeout: Duration::from_secs(60),
         limiter: Limiter::default(),
         tpot: Default::default(),
+        retry_budget: Default::default(),
         idempotency: Idempotency::new(outbox, gateway_lite::cluster::Cluster::local("gw-test")),
         runs: tokio_util::task::TaskTracker::new(),
         readiness: Default::default(),

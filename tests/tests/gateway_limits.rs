@@ -327,3 +327,70 @@ async fn tenant_and_global_rates_are_429_and_a_full_engine_is_503() {
     let flood = wait_for_log(&stack, "flood", flooded, &[&gateway, &ingest]).await;
     assert!(flood.values().all(|row| row.0 == "cancelled"), "{flood:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_seconds_in_flight_are_capped_per_tenant() {
+    let stack = TestStack::new("gwkv").await;
+    const KEY: &str = "sk-test-kv-0001";
+    seed_tenant(&stack, "kv", KEY, Default::default()).await;
+    // 20 GiB·s: two of the requests below (~8 GiB·s each: 1,000 output
+    // tokens on the 70B at twice its 26.3 ms target TPOT) fit, a third not.
+    sqlx::query("UPDATE tenants SET max_kv_gib_seconds = 20 WHERE tenant_id = 'kv'")
+        .execute(&stack.pool)
+        .await
+        .unwrap();
+    let (gateway, url) = start_gateway(&stack, 1).await;
+    let client = reqwest::Client::new();
+    let chat = format!("{url}/v1/chat/completions");
+    let stream = |max_tokens: u32| {
+        client
+            .post(&chat)
+            .bearer_auth(KEY)
+            .json(&json!({
+                "model": "llama-3.1-70b",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": max_tokens,
+                "stream": true,
+            }))
+            .send()
+    };
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut res = stream(1000).await.unwrap();
+        assert_eq!(res.status(), 200, "{}", gateway.log_tail());
+        res.chunk().await.unwrap();
+        held.push(res);
+    }
+    let third = stream(1000).await.unwrap();
+    assert_eq!(third.status(), 429);
+    let v: Value = third.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "kv_seconds", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("20 GiB·s"),
+        "{v}"
+    );
+    // A small one still fits beside them (the cap is KV·s, not a count).
+    let small = client
+        .post(&chat)
+        .bearer_auth(KEY)
+        .json(&json!({"model": "llama-3.1-70b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(small.status(), 200);
+    // Released when they end; then one larger than the whole cap (~128
+    // GiB·s) passes alone: slow, never impossible.
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut res = stream(4000).await.unwrap();
+        if res.status() == 200 {
+            res.chunk().await.unwrap();
+            let next = stream(5).await.unwrap();
+            assert_eq!(next.status(), 429, "the large one holds the whole cap");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never released");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -99,6 +99,7 @@ async fn main() -> anyhow::Result<()> {
         request_timeout: Duration::from_secs(600),
         limiter: Limiter::default(),
         tpot: Default::default(),
+        retry_budget: Default::default(),
         idempotency: Idempotency::new(
             outbox.clone(),
             gateway_lite::cluster::Cluster::local("gw-bench"),

@@ -787,6 +787,44 @@ impl Limiter {
     }
 }
 
+impl Limiter {
+    /// On shutdown, after the last request: gives back everything this
+    /// gateway holds and leaves the cluster, so the others have it at once
+    /// rather than after 15 s.
+    pub async fn release(&self) {
+        let Some(mut conn) = self.cluster.conn() else {
+            return;
+        };
+        let returns: Vec<(String, shared::Kind, u64)> = {
+            let mut st = self.lock();
+            let used = st.in_use.clone();
+            st.holdings
+                .drain()
+                .filter_map(|(res, h)| {
+                    let keep = used.get(&res).copied().unwrap_or(0) as f64;
+                    let spare = (h.units - keep).floor();
+                    (spare >= 1.0).then(|| {
+                        (
+                            self.cluster.key(&res.redis_name()),
+                            h.shape.redis(),
+                            spare as u64,
+                        )
+                    })
+                })
+                .collect()
+        };
+        crate::telemetry::redis_call("give_back");
+        if let Err(e) = self
+            .scripts
+            .give_back(&mut conn, self.cluster.gateway_id(), &returns)
+            .await
+        {
+            tracing::warn!(error = %e, "could not give back leased limits on shutdown");
+        }
+        self.cluster.leave().await;
+    }
+}
+
 /// The shape a resource had in `demands` (for holdings rebuilt on a mode change).
 fn shape_of(demands: &[Demand], res: &Resource) -> Option<Shape> {
     demands.iter().find(|d| &d.res == res).map(|d| d.shape)
