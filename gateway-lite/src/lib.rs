@@ -23,6 +23,7 @@
 //!   concurrency and KV·seconds per tenant — shared by every gateway
 //! - [`cluster`]: the Redis the gateways share, their liveness, the limits' mode
 //! - [`retry_budget`]: retries shed first when they exceed 20% of the minute
+//! - [`gpu_ledger`]: one GPU-time ledger per HTTP replica for every gateway
 //! - [`tpot`]: recent time per output token, for the KV·seconds estimate
 //! - [`idempotency`]: `Idempotency-Key` replays and conflicts, across gateways
 //! - [`tenants`]: key hashes → callers and their limits, refreshed in the background
@@ -35,6 +36,7 @@ pub mod chat;
 pub mod cluster;
 pub mod config;
 pub mod error;
+pub mod gpu_ledger;
 pub mod idempotency;
 pub mod limits;
 pub mod metering;

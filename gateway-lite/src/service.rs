@@ -49,6 +49,9 @@ pub struct AppState {
     /// Every admitted request's task, so shutdown waits until each one has
     /// written its usage event.
     pub runs: TaskTracker,
+    /// The GPU-time ledger of HTTP replicas shared by every gateway (none
+    /// with `GATEWAY_LIMITS=local`).
+    pub gpu_ledger: Option<crate::gpu_ledger::RedisLedger>,
     /// What `/readyz` answers; drained on SIGTERM.
     pub readiness: Readiness,
 }
@@ -70,14 +73,33 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
         );
     if let Some(handle) = metrics {
         let (engine, outbox) = (state.engine.clone(), state.outbox.clone());
+        let ledger = state.gpu_ledger.clone();
         router = router.route(
             "/metrics",
             get(move || {
-                telemetry::upstreams(&engine);
-                relay::report_age(&outbox);
-                let mut text = handle.render();
-                text.push_str(&telemetry::upstream_gpu_seconds(&engine));
-                std::future::ready(text)
+                let (engine, outbox, handle, ledger) = (
+                    engine.clone(),
+                    outbox.clone(),
+                    handle.clone(),
+                    ledger.clone(),
+                );
+                async move {
+                    telemetry::upstreams(&engine);
+                    relay::report_age(&outbox);
+                    let mut text = handle.render();
+                    text.push_str(&telemetry::upstream_gpu_seconds(&engine));
+                    let replicas: Vec<String> = engine
+                        .remote()
+                        .iter()
+                        .map(|u| u.config.replica().to_owned())
+                        .collect();
+                    if let (Some(ledger), false) = (ledger, replicas.is_empty()) {
+                        if let Some(figures) = ledger.figures(&replicas).await {
+                            text.push_str(&telemetry::shared_gpu_seconds(&engine, &figures));
+                        }
+                    }
+                    text
+                }
             }),
         );
     }
@@ -149,17 +171,29 @@ pub async fn run(
         ModelProfile::reference(),
         config.engine_speedup,
     ));
-    let upstreams = Upstreams::new(simulator, remote)
-        .map_err(|e| GatewayError::Config(format!("GATEWAY_UPSTREAMS {e}")))?;
-    for m in upstreams.models() {
-        tracing::info!(model = %m.name, remote = m.remote, replica = %m.replica_id, "serving model");
-    }
     let cluster = match config.limits {
         LimitsMode::Shared => {
             Cluster::connect(&config.redis_url, &config.redis_prefix, &config.gateway_id)?
         }
         LimitsMode::Local => Cluster::local(&config.gateway_id),
     };
+    // Several gateways in front of one HTTP replica: one ledger for its GPU time.
+    let gpu_ledger = crate::gpu_ledger::RedisLedger::new(cluster.clone());
+    let shared_ledger: Option<Arc<dyn engine::upstream::ledger::SharedLedger>> = match config.limits
+    {
+        LimitsMode::Shared => Some(Arc::new(gpu_ledger.clone())),
+        LimitsMode::Local => None,
+    };
+    let upstreams = Upstreams::with_shared_ledger(simulator, remote, shared_ledger)
+        .map_err(|e| GatewayError::Config(format!("GATEWAY_UPSTREAMS {e}")))?;
+    let remote_models: Vec<String> = upstreams
+        .remote()
+        .iter()
+        .map(|r| r.config.model.clone())
+        .collect();
+    for m in upstreams.models() {
+        tracing::info!(model = %m.name, remote = m.remote, replica = %m.replica_id, "serving model");
+    }
     let limiter = Limiter::new(config.global_rate(), cluster.clone());
     // One round before serving, so a gateway starts shared when Redis is up
     // (and local, without waiting, when it is not).
@@ -173,6 +207,17 @@ pub async fn run(
         LimitsMode::Shared => Some(limiter.spawn_renewal()),
         LimitsMode::Local => None,
     };
+    let reaping = gpu_ledger.clone();
+    let reaper = (config.limits == LimitsMode::Shared && !remote_models.is_empty()).then(|| {
+        let gpu_ledger = reaping;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::cluster::RENEW_EVERY);
+            loop {
+                tick.tick().await;
+                gpu_ledger.reap().await;
+            }
+        })
+    });
     let state = AppState {
         registry,
         engine: Arc::new(upstreams),
@@ -186,6 +231,7 @@ pub async fn run(
         idempotency: Idempotency::new(outbox.clone(), cluster.clone()),
         runs: TaskTracker::new(),
         readiness: Readiness::default(),
+        gpu_ledger: (config.limits == LimitsMode::Shared).then(|| gpu_ledger.clone()),
     };
     let runs = state.runs.clone();
     // Fail readiness first, keep accepting while the load balancer notices,
@@ -221,6 +267,9 @@ pub async fn run(
             running = runs.len(),
             "requests still running after the grace period"
         );
+    }
+    if let Some(reaper) = reaper {
+        reaper.abort();
     }
     if let Some(renewal) = renewal {
         renewal.abort();

@@ -17,6 +17,9 @@ pub const E2E_SECONDS: &str = "gateway_e2e_seconds";
 pub const TTFT_SECONDS: &str = "gateway_ttft_seconds";
 pub const UPSTREAM_BUSY: &str = "gateway_upstream_busy_gpu_seconds_total";
 pub const UPSTREAM_ATTRIBUTED: &str = "gateway_upstream_attributed_gpu_seconds_total";
+pub const UPSTREAM_SHARED_BUSY: &str = "gateway_upstream_shared_busy_gpu_seconds_total";
+pub const UPSTREAM_SHARED_ATTRIBUTED: &str = "gateway_upstream_shared_attributed_gpu_seconds_total";
+pub const UPSTREAM_SHARED_REAPED: &str = "gateway_upstream_shared_reaped_gpu_seconds_total";
 
 /// Bucket bounds of `gateway_e2e_seconds`: from a cached short answer to
 /// the longest request `GATEWAY_REQUEST_TIMEOUT_SECS` allows by default.
@@ -147,6 +150,48 @@ pub fn upstream_gpu_seconds(upstreams: &engine::upstream::Upstreams) -> String {
                 label_value(&u.config.model),
                 label_value(u.config.replica()),
                 to_gpu_seconds(pick(&u.ledger))
+            );
+        }
+    }
+    out
+}
+
+/// The shared ledger of every gateway in front of each HTTP replica
+/// (see [`crate::gpu_ledger`]): its whole, what it handed to requests, and
+/// what it took back from requests of gateways that died, in GPU-seconds.
+/// `figures` is per replica, in the order of `upstreams.remote()`.
+pub fn shared_gpu_seconds(
+    upstreams: &engine::upstream::Upstreams,
+    figures: &[crate::gpu_ledger::ReplicaFigures],
+) -> String {
+    type Pick = fn(&crate::gpu_ledger::ReplicaFigures) -> u64;
+    let mut out = String::new();
+    let families: [(&str, &str, Pick); 3] = [
+        (
+            UPSTREAM_SHARED_BUSY,
+            "HTTP upstream replicas: busy wall time times GPUs over every gateway in front of them, in GPU-seconds (the shared ledger's whole)",
+            |f| f.busy,
+        ),
+        (
+            UPSTREAM_SHARED_ATTRIBUTED,
+            "HTTP upstream replicas: GPU-seconds the shared ledger handed to finished requests, every gateway together (equals busy less reaped when idle)",
+            |f| f.attributed,
+        ),
+        (
+            UPSTREAM_SHARED_REAPED,
+            "HTTP upstream replicas: GPU-seconds of requests whose gateway died in flight (no usage event exists for them)",
+            |f| f.reaped,
+        ),
+    ];
+    for (name, help, pick) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (u, f) in upstreams.remote().iter().zip(figures) {
+            let _ = writeln!(
+                out,
+                "{name}{{model=\"{}\",replica=\"{}\"}} {}",
+                label_value(&u.config.model),
+                label_value(u.config.replica()),
+                to_gpu_seconds(pick(f))
             );
         }
     }

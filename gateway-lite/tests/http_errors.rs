@@ -55,6 +55,7 @@ async fn start() -> Gateway {
         limiter: Limiter::default(),
         tpot: Default::default(),
         retry_budget: Default::default(),
+        gpu_ledger: None,
         idempotency: Idempotency::new(outbox, gateway_lite::cluster::Cluster::local("gw-test")),
         runs: tokio_util::task::TaskTracker::new(),
         readiness: Default::default(),

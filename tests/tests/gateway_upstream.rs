@@ -190,17 +190,17 @@ async fn http_upstream_usage_and_gpu_time_add_up() {
     assert!(derived.values().all(|e| e.3 == "http-8b"));
 
     // Derived: the requests' shares add up to the replica's busy GPU time,
-    // exactly, as the gateway's ledger measured it.
+    // exactly, as the shared ledger (every gateway's, in Redis) measured it.
     let metrics = tests::gateway::metrics(&url).await;
     let busy = sample(
         &metrics,
-        "gateway_upstream_busy_gpu_seconds_total",
+        "gateway_upstream_shared_busy_gpu_seconds_total",
         "http-8b",
     )
     .unwrap();
     let attributed = sample(
         &metrics,
-        "gateway_upstream_attributed_gpu_seconds_total",
+        "gateway_upstream_shared_attributed_gpu_seconds_total",
         "http-8b",
     )
     .unwrap();
@@ -291,5 +291,114 @@ async fn http_upstream_usage_and_gpu_time_add_up() {
         total().await,
         24 + 1,
         "the traffic and the tool conversation"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_gateways_in_front_of_one_replica_bill_its_busy_time_once() {
+    let stack = TestStack::new("gwtwoone").await;
+    seed_tenant(&stack, "remote", KEY, Default::default()).await;
+    let secret = tests::engine::random_secret();
+    let (_engine, engine_url) = tests::engine::start_engine(stack.dir.path(), 10, &secret).await;
+    let upstreams = stack.dir.path().join("upstreams.yaml");
+    std::fs::write(
+        &upstreams,
+        format!(
+            "upstreams:
+  - model: {DERIVED}
+    url: {engine_url}
+    gpus: 2
+    max_context: 131072
+    replica_id: one-replica
+    gpu_time: derived
+    kv_poll_ms: 0
+    identity_secret_env: {env}
+",
+            env = tests::engine::SECRET_ENV
+        ),
+    )
+    .unwrap();
+    let mut gateways = Vec::new();
+    for id in ["gw-a", "gw-b"] {
+        gateways.push(
+            start_gateway_with(
+                &stack,
+                1,
+                &[
+                    ("GATEWAY_ID", id.to_owned()),
+                    (
+                        "GATEWAY_OUTBOX",
+                        stack.dir.path().join(id).display().to_string(),
+                    ),
+                    ("GATEWAY_UPSTREAMS", upstreams.display().to_string()),
+                    (tests::engine::SECRET_ENV, secret.clone()),
+                ],
+            )
+            .await,
+        );
+    }
+    let ingest = start_ingest(&stack);
+    let client = reqwest::Client::new();
+    // Overlapping requests through both gateways, so the replica is busy
+    // with both at once (10× real time: a few hundred ms each).
+    let calls = (0..30).map(|i| {
+        let client = client.clone();
+        let url = gateways[i % 2].1.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(40 * i as u64)).await;
+            let res = client
+                .post(format!("{url}/v1/chat/completions"))
+                .bearer_auth(KEY)
+                .json(&json!({
+                    "model": DERIVED,
+                    "messages": [{"role": "user", "content": format!("request {i}")}],
+                    "max_tokens": 40 + 10 * (i % 5),
+                    "stream": i % 3 == 0,
+                }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+            res.text().await.unwrap();
+        }
+    });
+    join_all(calls).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let billed = loop {
+        let e = events(&stack, DERIVED).await;
+        if e.len() >= 30 || tokio::time::Instant::now() > deadline {
+            assert_eq!(e.len(), 30, "{}", ingest.log_tail());
+            break e;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let billed: Decimal = billed.values().map(|e| e.2).sum();
+    let a = tests::gateway::metrics(&gateways[0].1).await;
+    let b = tests::gateway::metrics(&gateways[1].1).await;
+    let shared = |m: &str, name: &str| sample(m, name, "one-replica").unwrap();
+    // Both gateways read the one ledger: the same figures.
+    let busy = shared(&a, "gateway_upstream_shared_busy_gpu_seconds_total");
+    assert_eq!(
+        busy,
+        shared(&b, "gateway_upstream_shared_busy_gpu_seconds_total")
+    );
+    assert_eq!(
+        shared(&a, "gateway_upstream_shared_attributed_gpu_seconds_total"),
+        busy
+    );
+    // The guarantee: over both gateways, the requests' GPU-seconds add up
+    // to the replica's busy wall time × its GPUs, to the microsecond.
+    assert_eq!(billed, busy, "billed {billed}, the replica was busy {busy}");
+    // Each gateway's own ledger saw only its own requests, and the two
+    // overlapped: added up, they would have billed the overlap twice.
+    let own = sample(&a, "gateway_upstream_busy_gpu_seconds_total", "one-replica").unwrap()
+        + sample(&b, "gateway_upstream_busy_gpu_seconds_total", "one-replica").unwrap();
+    assert!(
+        own > busy * Decimal::new(12, 1),
+        "the gateways' own ledgers ({own}) should over-count the shared one ({busy})"
+    );
+    assert!(
+        own <= busy * Decimal::from(2) + Decimal::ONE,
+        "{own} vs {busy}"
     );
 }

@@ -100,6 +100,7 @@ async fn main() -> anyhow::Result<()> {
         limiter: Limiter::default(),
         tpot: Default::default(),
         retry_budget: Default::default(),
+        gpu_ledger: None,
         idempotency: Idempotency::new(
             outbox.clone(),
             gateway_lite::cluster::Cluster::local("gw-bench"),

@@ -37,7 +37,7 @@ use crate::identity::{self, Secret, Signer};
 use crate::openai::{ErrorBody, Meterline, Usage};
 use crate::simulator::{Completion, CompletionRequest, Piece};
 use crate::tokenizer;
-use crate::upstream::ledger::{Ledger, Share};
+use crate::upstream::ledger::{Ledger, Share, SharedLedger, SHARED_GROW_EVERY};
 use crate::upstream::occupancy::{self, Occupancy};
 use crate::upstream::{GpuTime, RemoteModel};
 
@@ -53,6 +53,8 @@ pub struct HttpUpstream {
     signer: Option<Signer>,
     client: reqwest::Client,
     pub ledger: Arc<Ledger>,
+    /// Set when several gateways front this replica (see [`SharedLedger`]).
+    pub shared: Option<Arc<dyn SharedLedger>>,
     pub occupancy: Arc<Occupancy>,
 }
 
@@ -106,6 +108,7 @@ impl HttpUpstream {
         Ok(Self {
             url: format!("{base}/v1/chat/completions"),
             ledger: Arc::new(Ledger::new(config.gpus)),
+            shared: None,
             occupancy,
             api_key,
             signer,
@@ -197,6 +200,19 @@ impl HttpUpstream {
         let started = Instant::now();
         // In flight from the moment it is sent: queueing upstream holds KV too.
         let share = self.ledger.join(prompt_tokens);
+        let shared = match &self.shared {
+            Some(ledger) => ledger
+                .join(c.replica(), c.gpus, prompt_tokens.max(1))
+                .await
+                .map(|id| SharedShare {
+                    ledger: ledger.clone(),
+                    replica: c.replica().to_owned(),
+                    gpus: c.gpus,
+                    id,
+                    pending: 0,
+                }),
+            None => None,
+        };
         let upstream_error = |detail: String| EngineError::Upstream {
             model: c.model.clone(),
             detail,
@@ -230,6 +246,7 @@ impl HttpUpstream {
         Ok(HttpGeneration {
             events: Some(Box::pin(response.bytes_stream().eventsource())),
             share: Some(share),
+            shared,
             gpu_time: c.gpu_time,
             stream,
             started,
@@ -255,6 +272,8 @@ impl HttpUpstream {
 pub struct HttpGeneration {
     events: Option<Events>,
     share: Option<Share>,
+    /// This request's place in the replica's shared ledger, if any.
+    shared: Option<SharedShare>,
     gpu_time: GpuTime,
     stream: bool,
     started: Instant,
@@ -271,6 +290,26 @@ pub struct HttpGeneration {
     reported: Option<Meterline>,
     model: String,
     names: Names,
+}
+
+/// A request's place in a [`SharedLedger`]: tokens are counted here and
+/// sent in batches of [`SHARED_GROW_EVERY`].
+struct SharedShare {
+    ledger: Arc<dyn SharedLedger>,
+    replica: String,
+    gpus: u32,
+    id: u64,
+    pending: u64,
+}
+
+impl SharedShare {
+    async fn grow(&mut self, tokens: u64) {
+        self.pending += tokens;
+        if self.pending >= SHARED_GROW_EVERY {
+            let n = std::mem::take(&mut self.pending);
+            let _ = self.ledger.grow(&self.replica, self.gpus, self.id, n).await;
+        }
+    }
 }
 
 /// What usage events call the model version and the replica: the
@@ -304,7 +343,8 @@ impl HttpGeneration {
             };
             if event.data.trim() == "[DONE]" {
                 self.events = None;
-                return Ok(Piece::Done(self.completion()));
+                let shared = self.leave_shared().await;
+                return Ok(Piece::Done(self.completion(shared)));
             }
             let chunk: Value = serde_json::from_str(&event.data)
                 .map_err(|e| self.error(format!("a chunk is not JSON: {e}")))?;
@@ -337,6 +377,9 @@ impl HttpGeneration {
             if let Some(share) = &self.share {
                 share.grow(1);
             }
+            if let Some(shared) = self.shared.as_mut() {
+                shared.grow(1).await;
+            }
             self.first_token.get_or_insert_with(Instant::now);
             if self.stream {
                 return Ok(Piece::Token(Cow::Owned(content.to_owned())));
@@ -356,16 +399,30 @@ impl HttpGeneration {
 
     /// Closes the connection (the upstream aborts the request) and returns
     /// what it used: the tokens received and its share of the replica's time.
-    pub fn cancel(mut self) -> Completion {
+    pub async fn cancel(mut self) -> Completion {
         self.events = None;
         self.reported = None;
         self.usage = None;
         self.finish_reason = None;
-        self.completion()
+        let shared = self.leave_shared().await;
+        self.completion(shared)
     }
 
-    fn completion(&mut self) -> Completion {
-        let derived = to_gpu_seconds(self.share.take().map_or(0, Share::finish));
+    /// Leaves the shared ledger, if this request is in one: its share of
+    /// the replica's time there (`None`: not in one, or it did not answer).
+    async fn leave_shared(&mut self) -> Option<u64> {
+        let shared = self.shared.take()?;
+        shared
+            .ledger
+            .leave(&shared.replica, shared.gpus, shared.id)
+            .await
+    }
+
+    /// The completion; `shared`: the micro-GPU-seconds the shared ledger
+    /// gave, which take the place of this gateway's own ledger's.
+    fn completion(&mut self, shared: Option<u64>) -> Completion {
+        let local = self.share.take().map_or(0, Share::finish);
+        let derived = to_gpu_seconds(shared.unwrap_or(local));
         let now = Instant::now();
         let (gpu_seconds, preempted) = match (&self.reported, self.gpu_time) {
             (Some(r), GpuTime::Auto) => (r.gpu_seconds, r.preempted_gpu_seconds),

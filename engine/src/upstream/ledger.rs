@@ -233,6 +233,43 @@ impl Drop for Share {
     }
 }
 
+/// The same attribution kept for every gateway in front of a replica
+/// (several gateways, one replica: each gateway's own [`Ledger`] would
+/// charge the replica's whole busy time to its own requests). The gateway
+/// implements it on its shared store; `None` from a call means the store
+/// is unreachable, and the request falls back to this gateway's [`Ledger`].
+///
+/// Weights change in batches ([`SHARED_GROW_EVERY`] tokens), so the split
+/// between requests is approximate by at most a batch; the sum over a busy
+/// period is exact, as in [`Ledger`].
+pub trait SharedLedger: Send + Sync + std::fmt::Debug {
+    /// A request of `weight` tokens starts on `replica` (of `gpus` GPUs); its id there.
+    fn join<'a>(
+        &'a self,
+        replica: &'a str,
+        gpus: u32,
+        weight: u64,
+    ) -> futures_util::future::BoxFuture<'a, Option<u64>>;
+    /// The request's in-flight tokens grew by `tokens`.
+    fn grow<'a>(
+        &'a self,
+        replica: &'a str,
+        gpus: u32,
+        id: u64,
+        tokens: u64,
+    ) -> futures_util::future::BoxFuture<'a, Option<()>>;
+    /// The request leaves; its micro-GPU-seconds.
+    fn leave<'a>(
+        &'a self,
+        replica: &'a str,
+        gpus: u32,
+        id: u64,
+    ) -> futures_util::future::BoxFuture<'a, Option<u64>>;
+}
+
+/// Tokens a request's weight grows by locally before the shared ledger hears of it.
+pub const SHARED_GROW_EVERY: u64 = 32;
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly")]

@@ -189,9 +189,24 @@ pub struct Upstreams {
 impl Upstreams {
     /// The simulator's models, except those `remote` takes over, plus `remote`.
     pub fn new(simulator: Arc<Simulator>, remote: Vec<RemoteModel>) -> Result<Self, EngineError> {
+        Self::with_shared_ledger(simulator, remote, None)
+    }
+
+    /// [`Upstreams::new`], the HTTP upstreams' GPU time attributed through
+    /// `shared` (every gateway in front of a replica in one ledger).
+    pub fn with_shared_ledger(
+        simulator: Arc<Simulator>,
+        remote: Vec<RemoteModel>,
+        shared: Option<Arc<dyn ledger::SharedLedger>>,
+    ) -> Result<Self, EngineError> {
         let remote = remote
             .into_iter()
-            .map(|m| HttpUpstream::new(m).map(Arc::new))
+            .map(|m| {
+                HttpUpstream::new(m).map(|mut u| {
+                    u.shared = shared.clone();
+                    Arc::new(u)
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let mut models = Self::simulated(simulator.clone()).models;
         models.retain(|m| !remote.iter().any(|r| r.config.model == m.name));
@@ -301,7 +316,7 @@ impl Generation {
     pub async fn cancel(self) -> Result<Completion, EngineError> {
         match self {
             Self::Simulated(g) => g.cancel().await,
-            Self::Http(g) => Ok(g.cancel()),
+            Self::Http(g) => Ok(g.cancel().await),
         }
     }
 }

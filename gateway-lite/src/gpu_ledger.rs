@@ -1,0 +1,293 @@
+//! GPU time of an HTTP upstream replica that reports none, attributed in
+//! one ledger for every gateway in front of it: the same arithmetic as
+//! `engine::upstream::ledger::Ledger` (each interval × GPUs split among the
+//! requests in flight by their in-flight tokens; the last one out of a busy
+//! period takes what rounding left), run as Lua scripts in Redis on
+//! Redis's own clock.
+//!
+//! Guarantee: over every busy period of a replica — an interval during
+//! which at least one request from any gateway is in flight on it — the
+//! GPU-seconds handed to its requests add up exactly to the period's
+//! length × the replica's GPUs (`busy` in the replica's hash counts the
+//! same total, to the microsecond). What it costs: one Redis call when a
+//! request starts, one per [`engine::upstream::ledger::SHARED_GROW_EVERY`]
+//! tokens it receives, one when it ends — never one per token; the split
+//! between concurrent requests lags by at most that many tokens.
+//!
+//! A request whose gateway died stays in the ledger until that gateway's
+//! liveness lapses (15 s); the heartbeat then removes it (its share until
+//! then is not billed to anyone, as its usage event never existed). While
+//! Redis is unreachable a request gets its own gateway's figure, which
+//! over-counts when several gateways use the replica at once.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use redis::Script;
+
+use crate::cluster::Cluster;
+
+/// Shared by the three scripts: lets time run to now.
+const ADVANCE: &str = r"
+-- Integers are written with %.0f (Lua's own tostring keeps 14 digits, and
+-- Redis's clock in µs has 16); the per-weight integral with 17.
+local function I(x) return string.format('%.0f', x) end
+local function F(x) return string.format('%.17g', x) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local r = redis.call('HMGET', K, 'last', 'w', 'pw', 'total', 'given', 'n')
+local last, w, pw, total, given, n =
+  tonumber(r[1]) or now, tonumber(r[2]) or 0, tonumber(r[3]) or 0,
+  tonumber(r[4]) or 0, tonumber(r[5]) or 0, tonumber(r[6]) or 0
+if now > last then
+  local gpu = (now - last) * gpus
+  if w > 0 then
+    pw = pw + gpu / w
+    total = total + gpu
+    redis.call('HINCRBY', K, 'busy', I(gpu))
+  end
+  last = now
+end
+local function save()
+  redis.call('HSET', K, 'last', I(last), 'w', I(w), 'pw', F(pw), 'total', I(total), 'given', I(given), 'n', I(n))
+  redis.call('EXPIRE', K, 86400)
+  redis.call('EXPIRE', M, 86400)
+end
+local function settle(v)
+  local mw, snap, owed = v[1], v[2], v[3]
+  return owed + mw * (pw - snap)
+end
+local function member(id)
+  local raw = redis.call('HGET', M, id)
+  if not raw then return nil end
+  local v = {}
+  for x in string.gmatch(raw, '%S+') do v[#v + 1] = x end
+  return {tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), v[4], tonumber(v[5])}
+end
+";
+
+/// KEYS: replica hash, members hash. ARGV: gpus, weight, gateway.
+const JOIN: &str = r"
+local K, M, gpus = KEYS[1], KEYS[2], tonumber(ARGV[1])
+__ADVANCE__
+local id = redis.call('HINCRBY', K, 'next', 1)
+local weight = tonumber(ARGV[2])
+w = w + weight
+n = n + 1
+redis.call('HSET', M, id, I(weight) .. ' ' .. F(pw) .. ' 0 ' .. ARGV[3] .. ' ' .. I(now))
+save()
+return id
+";
+
+/// KEYS: replica hash, members hash. ARGV: gpus, id, tokens.
+const GROW: &str = r"
+local K, M, gpus = KEYS[1], KEYS[2], tonumber(ARGV[1])
+__ADVANCE__
+local v = member(ARGV[2])
+if not v then return 0 end
+local owed = settle(v)
+local add = tonumber(ARGV[3])
+redis.call('HSET', M, ARGV[2], I(v[1] + add) .. ' ' .. F(pw) .. ' ' .. F(owed) .. ' ' .. v[4] .. ' ' .. I(v[5]))
+w = w + add
+save()
+return 1
+";
+
+/// KEYS: replica hash, members hash. ARGV: gpus, id, and (to reap) a
+/// liveness key prefix: members of gateways without a liveness key leave
+/// without a share. Returns the micro-GPU-seconds of `id`.
+const LEAVE: &str = r"
+local K, M, gpus = KEYS[1], KEYS[2], tonumber(ARGV[1])
+__ADVANCE__
+local function out(id, v)
+  w = w - v[1]
+  n = n - 1
+  redis.call('HDEL', M, id)
+  local micros = math.floor(settle(v) + 0.5)
+  if n <= 0 then
+    micros = total - given
+    w, pw, total, given, n = 0, 0, 0, 0, 0
+  else
+    micros = math.max(0, math.min(micros, total - given))
+    given = given + micros
+  end
+  return micros
+end
+local result = 0
+if ARGV[2] ~= '' then
+  local v = member(ARGV[2])
+  if v then
+    result = out(ARGV[2], v)
+    redis.call('HINCRBY', K, 'attributed', I(result))
+  end
+end
+if ARGV[3] and ARGV[3] ~= '' then
+  local all = redis.call('HGETALL', M)
+  for j = 1, #all, 2 do
+    local v = member(all[j])
+    if v and redis.call('EXISTS', ARGV[3] .. v[4]) == 0 then
+      redis.call('HINCRBY', K, 'reaped', I(out(all[j], v)))
+    end
+  end
+end
+save()
+return result
+";
+
+/// One replica's shared ledger, in micro-GPU-seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplicaFigures {
+    /// Busy wall time × GPUs, every gateway together.
+    pub busy: u64,
+    /// Handed to requests that left.
+    pub attributed: u64,
+    /// Taken from requests whose gateway died in flight.
+    pub reaped: u64,
+}
+
+/// The ledger in Redis; cheap to clone.
+#[derive(Clone)]
+pub struct RedisLedger {
+    cluster: Cluster,
+    scripts: Arc<[Script; 3]>,
+    /// Replicas this gateway used (the heartbeat reaps their dead members).
+    replicas: Arc<Mutex<HashSet<(String, u32)>>>,
+}
+
+impl std::fmt::Debug for RedisLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLedger").finish_non_exhaustive()
+    }
+}
+
+impl RedisLedger {
+    pub fn new(cluster: Cluster) -> Self {
+        let script = |body: &str| Script::new(&body.replace("__ADVANCE__", ADVANCE));
+        Self {
+            cluster,
+            scripts: Arc::new([script(JOIN), script(GROW), script(LEAVE)]),
+            replicas: Arc::default(),
+        }
+    }
+
+    fn keys(&self, replica: &str) -> (String, String) {
+        let k = self.cluster.key(&format!("ledger:{replica}"));
+        (k.clone(), format!("{k}:members"))
+    }
+
+    async fn call<T: redis::FromRedisValue>(
+        &self,
+        script: usize,
+        replica: &str,
+        args: &[String],
+    ) -> Option<T> {
+        let mut conn = self.cluster.conn()?;
+        let (k, m) = self.keys(replica);
+        let mut call = self.scripts[script].key(k);
+        call.key(m);
+        for a in args {
+            call.arg(a);
+        }
+        crate::telemetry::redis_call("gpu_ledger");
+        match call.invoke_async(&mut conn).await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.cluster.failed(&e);
+                None
+            }
+        }
+    }
+
+    /// The ledger's whole (busy µs × GPUs, every gateway together), what
+    /// it handed to requests that left, and what it took from requests of
+    /// gateways that died, per replica in `replicas`, in micro-GPU-seconds
+    /// (one call; `None` when Redis does not answer).
+    pub async fn figures(&self, replicas: &[String]) -> Option<Vec<ReplicaFigures>> {
+        let mut conn = self.cluster.conn()?;
+        let mut pipe = redis::pipe();
+        for r in replicas {
+            pipe.cmd("HMGET")
+                .arg(self.keys(r).0)
+                .arg("busy")
+                .arg("attributed")
+                .arg("reaped");
+        }
+        let rows: Vec<(Option<u64>, Option<u64>, Option<u64>)> =
+            pipe.query_async(&mut conn).await.ok()?;
+        Some(
+            rows.into_iter()
+                .map(|(b, a, r)| ReplicaFigures {
+                    busy: b.unwrap_or(0),
+                    attributed: a.unwrap_or(0),
+                    reaped: r.unwrap_or(0),
+                })
+                .collect(),
+        )
+    }
+
+    /// Removes the members of gateways whose liveness lapsed, on every
+    /// replica this gateway used (from the heartbeat).
+    pub async fn reap(&self) {
+        let replicas: Vec<(String, u32)> = self
+            .replicas
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect();
+        let alive = self.cluster.alive_key("");
+        for (replica, gpus) in replicas {
+            let _: Option<u64> = self
+                .call(
+                    2,
+                    &replica,
+                    &[gpus.to_string(), String::new(), alive.clone()],
+                )
+                .await;
+        }
+    }
+}
+
+impl engine::upstream::ledger::SharedLedger for RedisLedger {
+    fn join<'a>(&'a self, replica: &'a str, gpus: u32, weight: u64) -> BoxFuture<'a, Option<u64>> {
+        async move {
+            self.replicas
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert((replica.to_owned(), gpus));
+            let args = [
+                gpus.to_string(),
+                weight.to_string(),
+                self.cluster.gateway_id().to_owned(),
+            ];
+            self.call(0, replica, &args).await
+        }
+        .boxed()
+    }
+
+    fn grow<'a>(
+        &'a self,
+        replica: &'a str,
+        gpus: u32,
+        id: u64,
+        tokens: u64,
+    ) -> BoxFuture<'a, Option<()>> {
+        async move {
+            let args = [gpus.to_string(), id.to_string(), tokens.to_string()];
+            self.call::<i64>(1, replica, &args).await.map(|_| ())
+        }
+        .boxed()
+    }
+
+    fn leave<'a>(&'a self, replica: &'a str, gpus: u32, id: u64) -> BoxFuture<'a, Option<u64>> {
+        async move {
+            let args = [gpus.to_string(), id.to_string(), String::new()];
+            self.call::<i64>(2, replica, &args)
+                .await
+                .map(|m| m.max(0) as u64)
+        }
+        .boxed()
+    }
+}
