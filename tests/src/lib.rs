@@ -20,3 +20,4 @@ pub mod stack;
 pub use process::Service;
 pub use stack::TestStack;
 pub mod gateway;
+pub mod nginx;
