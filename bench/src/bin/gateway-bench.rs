@@ -65,7 +65,10 @@ async fn main() -> anyhow::Result<()> {
     let plain = match args.get(3).map(String::as_str) {
         None | Some("serving") => false,
         Some("plain") => true,
-        Some(other) => anyhow::bail!("third argument must be serving or plain, got {other:?}"),
+        Some("limits") => return limits(rate, secs).await,
+        Some(other) => {
+            anyhow::bail!("third argument must be serving, plain or limits, got {other:?}")
+        }
     };
     let dir = std::env::temp_dir().join(format!("gateway-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -239,6 +242,167 @@ async fn main() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let text = out.join("\n");
     eprintln!("{text}");
+    Ok(())
+}
+
+/// `limits`: the same gateway twice in one process, one with its limits in
+/// memory (`GATEWAY_LIMITS=local`) and one sharing them through a private
+/// Redis (`shared`), a caller with every kind of limit set high enough
+/// that none refuses; at each due instant one request goes to each. Then
+/// each one's highest sustained rate, and Redis commands per request
+/// (from the private Redis's own `total_commands_processed`).
+async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
+    let redis = devstack::PrivateRedis::start().await?;
+    let dir = std::env::temp_dir().join(format!("gateway-bench-limits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let engine = Arc::new(Simulator::new(ModelProfile::reference(), 0));
+    let registry = Registry::default();
+    let model_limits = gateway_lite::tenants::ModelLimits {
+        rpm: Some(1_200_000),
+        tpm: Some(1_000_000_000),
+        max_context: None,
+        max_output: None,
+    };
+    registry.insert(
+        KEY,
+        Caller {
+            tenant_id: "bench".into(),
+            api_key_id: "key_bench".into(),
+            priority: 5,
+            max_concurrency: Some(10_000),
+            max_kv_mib_seconds: Some(1 << 40),
+            rate: Some(gateway_lite::limits::RequestRate {
+                per_second: 20_000,
+                burst: 2_000,
+            }),
+            limits: Arc::new(HashMap::from([("*".to_owned(), model_limits)])),
+        },
+    );
+    let global = Some(gateway_lite::limits::RequestRate {
+        per_second: 20_000,
+        burst: 2_000,
+    });
+    let mut urls = Vec::new();
+    for (name, cluster) in [
+        ("local", gateway_lite::cluster::Cluster::local("gw-local")),
+        (
+            "shared",
+            gateway_lite::cluster::Cluster::connect(&redis.url(), "bench:", "gw-shared")?,
+        ),
+    ] {
+        let limiter = Limiter::new(global, cluster.clone());
+        limiter.renew(true).await;
+        if name == "shared" {
+            anyhow::ensure!(
+                cluster.mode() == gateway_lite::cluster::Mode::Shared,
+                "the private Redis at {} did not answer",
+                redis.url()
+            );
+            limiter.spawn_renewal();
+        }
+        let outbox = Outbox::open(&dir.join(name))?;
+        let state = AppState {
+            registry: registry.clone(),
+            engine: Arc::new(Upstreams::new(engine.clone(), Vec::new())?),
+            outbox: outbox.clone(),
+            gateway_id: format!("gw-{name}"),
+            speedup: 0,
+            request_timeout: Duration::from_secs(600),
+            limiter,
+            tpot: Default::default(),
+            retry_budget: Default::default(),
+            gpu_ledger: None,
+            idempotency: Idempotency::new(outbox, cluster),
+            runs: tokio_util::task::TaskTracker::new(),
+            readiness: Default::default(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        spawn_server(listener, app(state, None), false);
+        urls.push(format!("http://{addr}/v1/chat/completions"));
+    }
+    let client = reqwest::Client::new();
+    let commands = || async {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(
+                &mut redis::Client::open(redis.url())?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            )
+            .await?;
+        anyhow::Ok(
+            info.lines()
+                .find_map(|l| l.strip_prefix("total_commands_processed:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0),
+        )
+    };
+    let mut out = vec![format!(
+        "limits: fixed rate {rate} req/s for {secs} s, in-process limits vs shared through Redis \
+         (private redis-server), ENGINE_SPEEDUP=0, relay off"
+    )];
+    let mut shared_requests = 0u64;
+    let before = commands().await?;
+    for warm_up in [true, false] {
+        let run_secs = if warm_up { 1 } else { secs };
+        let (client, urls) = (client.clone(), urls.clone());
+        let (local, shared) = fixed_rate(rate, run_secs, move |i| -> [BoxFuture; 2] {
+            let (c1, c2) = (client.clone(), client.clone());
+            let (u1, u2) = (urls[0].clone(), urls[1].clone());
+            [
+                Box::pin(async move { post(&c1, &u1, LOCAL, false, i).await.map(drop) }),
+                Box::pin(async move { post(&c2, &u2, LOCAL, false, i).await.map(drop) }),
+            ]
+        })
+        .await;
+        shared_requests += (shared.ok + shared.errors) as u64;
+        if warm_up {
+            continue;
+        }
+        out.push(line("  in-process", rate, &local));
+        out.push(line("  shared    ", rate, &shared));
+        out.push(format!(
+            "  added by Redis: p50 {:.3} ms  p99 {:.3} ms",
+            shared.p(0.50) - local.p(0.50),
+            shared.p(0.99) - local.p(0.99)
+        ));
+    }
+    // Two INFO calls of ours are in the count.
+    let used = commands().await?.saturating_sub(before + 2);
+    out.push(format!(
+        "  Redis commands per request (shared): {:.4} ({used} for {shared_requests} requests, \
+         heartbeats and renewals included)",
+        used as f64 / shared_requests.max(1) as f64
+    ));
+    for (name, url) in ["in-process", "shared"].iter().zip(&urls) {
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for w in 0..64u64 {
+            let (client, url) = (client.clone(), url.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                let mut i = w << 32;
+                while started.elapsed() < Duration::from_secs(secs) {
+                    if post(&client, &url, LOCAL, false, i).await.is_ok() {
+                        n += 1;
+                    }
+                    i += 1;
+                }
+                n
+            }));
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await?;
+        }
+        out.push(format!(
+            "  max sustained, {name} (64 closed-loop clients): {:.0} req/s",
+            total as f64 / started.elapsed().as_secs_f64()
+        ));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("{}", out.join("\n"));
     Ok(())
 }
 
