@@ -23,7 +23,7 @@ use crate::error::GatewayError;
 use crate::idempotency::{self, Begin, Stored};
 use crate::limits;
 use crate::metering::{now_ms, Run};
-use crate::service::AppState;
+use crate::state::AppState;
 use crate::telemetry;
 use crate::tenants::Caller;
 

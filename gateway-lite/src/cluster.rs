@@ -25,8 +25,6 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::error::GatewayError;
-
 /// How often a gateway renews what it holds.
 pub const RENEW_EVERY: Duration = Duration::from_secs(5);
 /// What a gateway holds is reclaimed after this long without renewal.
@@ -84,16 +82,14 @@ impl std::fmt::Debug for Cluster {
 impl Cluster {
     /// A cluster on the Redis at `url` (connected lazily: a gateway starts,
     /// in local mode, while Redis is down), keys under `prefix`.
-    pub fn connect(url: &str, prefix: &str, gateway_id: &str) -> Result<Self, GatewayError> {
-        let client = redis::Client::open(url)
-            .map_err(|e| GatewayError::Config(format!("REDIS_URL {url:?}: {e}")))?;
+    pub fn connect(url: &str, prefix: &str, gateway_id: &str) -> Result<Self, redis::RedisError> {
+        let client = redis::Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| GatewayError::Config(format!("REDIS_URL {url:?}: {e}")))?;
+        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
         Ok(Self::build(Some(conn), prefix, gateway_id))
     }
 
@@ -105,7 +101,7 @@ impl Cluster {
     fn build(conn: Option<ConnectionManager>, prefix: &str, gateway_id: &str) -> Self {
         // Until the first heartbeat says otherwise, local: nothing on the
         // request path waits for a Redis that may not be there.
-        crate::telemetry::limits_mode(Mode::Local);
+        crate::telemetry::limits_mode(Mode::Local.as_str());
         Self {
             inner: Arc::new(Inner {
                 conn,
@@ -166,7 +162,7 @@ impl Cluster {
                 "Redis unreachable: limits now local, each at 1/{} of the shared limit",
                 self.peers()
             );
-            crate::telemetry::limits_mode(Mode::Local);
+            crate::telemetry::limits_mode(Mode::Local.as_str());
         }
     }
 
@@ -236,7 +232,7 @@ impl Cluster {
         crate::telemetry::peers(peers.max(1));
         if !self.inner.shared.swap(true, Ordering::AcqRel) {
             tracing::info!(peers, "Redis reachable: limits shared with every gateway");
-            crate::telemetry::limits_mode(Mode::Shared);
+            crate::telemetry::limits_mode(Mode::Shared.as_str());
         }
         Ok(previous.is_none())
     }

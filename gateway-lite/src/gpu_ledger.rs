@@ -27,7 +27,10 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use redis::Script;
 
+use std::fmt::Write as _;
+
 use crate::cluster::Cluster;
+use crate::telemetry;
 
 /// Shared by the three scripts: lets time run to now.
 const ADVANCE: &str = r"
@@ -190,7 +193,7 @@ impl RedisLedger {
         for a in args {
             call.arg(a);
         }
-        crate::telemetry::redis_call("gpu_ledger");
+        telemetry::redis_call("gpu_ledger");
         match call.invoke_async(&mut conn).await {
             Ok(v) => Some(v),
             Err(e) => {
@@ -290,4 +293,43 @@ impl engine::upstream::ledger::SharedLedger for RedisLedger {
         }
         .boxed()
     }
+}
+
+/// The shared ledger of every gateway in front of each HTTP replica
+/// (see [`crate::gpu_ledger`]): its whole, what it handed to requests, and
+/// what it took back from requests of gateways that died, in GPU-seconds.
+/// `figures` is per replica, in the order of `upstreams.remote()`.
+pub fn render(upstreams: &engine::upstream::Upstreams, figures: &[ReplicaFigures]) -> String {
+    type Pick = fn(&ReplicaFigures) -> u64;
+    let mut out = String::new();
+    let families: [(&str, &str, Pick); 3] = [
+        (
+            telemetry::UPSTREAM_SHARED_BUSY,
+            "HTTP upstream replicas: busy wall time times GPUs over every gateway in front of them, in GPU-seconds (the shared ledger's whole)",
+            |f| f.busy,
+        ),
+        (
+            telemetry::UPSTREAM_SHARED_ATTRIBUTED,
+            "HTTP upstream replicas: GPU-seconds the shared ledger handed to finished requests, every gateway together (equals busy less reaped when idle)",
+            |f| f.attributed,
+        ),
+        (
+            telemetry::UPSTREAM_SHARED_REAPED,
+            "HTTP upstream replicas: GPU-seconds of requests whose gateway died in flight (no usage event exists for them)",
+            |f| f.reaped,
+        ),
+    ];
+    for (name, help, pick) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (u, f) in upstreams.remote().iter().zip(figures) {
+            let _ = writeln!(
+                out,
+                "{name}{{model=\"{}\",replica=\"{}\"}} {}",
+                telemetry::label_value(&u.config.model),
+                telemetry::label_value(u.config.replica()),
+                engine::attribution::to_gpu_seconds(pick(f))
+            );
+        }
+    }
+    out
 }

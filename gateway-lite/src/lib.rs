@@ -30,6 +30,7 @@
 //! - [`seed`]: tenants, keys and limits from a YAML file
 //! - [`outbox`]: the durable local queue (redb, group commit)
 //! - [`relay`]: outbox → Kafka with the idempotent producer
+//! - [`state`]: what every handler shares
 //! - [`service`], [`config`], [`error`], [`telemetry`]: the process around it
 
 pub mod chat;
@@ -46,6 +47,7 @@ pub mod relay;
 pub mod retry_budget;
 pub mod seed;
 pub mod service;
+pub mod state;
 pub mod telemetry;
 pub mod tenants;
 pub mod tpot;

@@ -35,7 +35,7 @@ use usage_contract::{FinishReason, RequestId, UsageEvent, SCHEMA_VERSION};
 use crate::error::GatewayError;
 use crate::idempotency::{Guard, Stored};
 use crate::limits::Permit;
-use crate::service::AppState;
+use crate::state::AppState;
 use crate::tenants::Caller;
 
 /// One admitted request; see the module docs.

@@ -25,36 +25,12 @@ use crate::idempotency::Idempotency;
 use crate::limits::Limiter;
 use crate::outbox::Outbox;
 use crate::readiness::Readiness;
+pub use crate::state::AppState;
 use crate::tenants::Registry;
 use crate::{chat, relay, seed, telemetry};
 
 /// How long shutdown waits for admitted requests to finish.
 const RUN_GRACE: Duration = Duration::from_secs(30);
-
-#[derive(Clone)]
-pub struct AppState {
-    pub registry: Registry,
-    pub engine: Arc<Upstreams>,
-    pub outbox: Outbox,
-    pub gateway_id: String,
-    pub speedup: u32,
-    /// Longest a request may run before it is stopped and billed as an error.
-    pub request_timeout: Duration,
-    pub limiter: Limiter,
-    /// Recent TPOT per model, for the KV·seconds estimate.
-    pub tpot: crate::tpot::Tpot,
-    /// Retries against admitted traffic over the last minute.
-    pub retry_budget: Arc<crate::retry_budget::RetryBudget>,
-    pub idempotency: Idempotency,
-    /// Every admitted request's task, so shutdown waits until each one has
-    /// written its usage event.
-    pub runs: TaskTracker,
-    /// The GPU-time ledger of HTTP replicas shared by every gateway (none
-    /// with `GATEWAY_LIMITS=local`).
-    pub gpu_ledger: Option<crate::gpu_ledger::RedisLedger>,
-    /// What `/readyz` answers; drained on SIGTERM.
-    pub readiness: Readiness,
-}
 
 /// The HTTP API. Every response, error or not, carries `X-Request-Id`
 /// (an idempotent replay carries the original request's). Every error is
@@ -95,7 +71,7 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
                         .collect();
                     if let (Some(ledger), false) = (ledger, replicas.is_empty()) {
                         if let Some(figures) = ledger.figures(&replicas).await {
-                            text.push_str(&telemetry::shared_gpu_seconds(&engine, &figures));
+                            text.push_str(&crate::gpu_ledger::render(&engine, &figures));
                         }
                     }
                     text
@@ -173,7 +149,9 @@ pub async fn run(
     ));
     let cluster = match config.limits {
         LimitsMode::Shared => {
-            Cluster::connect(&config.redis_url, &config.redis_prefix, &config.gateway_id)?
+            Cluster::connect(&config.redis_url, &config.redis_prefix, &config.gateway_id).map_err(
+                |e| GatewayError::Config(format!("REDIS_URL {:?}: {e}", config.redis_url)),
+            )?
         }
         LimitsMode::Local => Cluster::local(&config.gateway_id),
     };

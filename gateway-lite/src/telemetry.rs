@@ -156,50 +156,8 @@ pub fn upstream_gpu_seconds(upstreams: &engine::upstream::Upstreams) -> String {
     out
 }
 
-/// The shared ledger of every gateway in front of each HTTP replica
-/// (see [`crate::gpu_ledger`]): its whole, what it handed to requests, and
-/// what it took back from requests of gateways that died, in GPU-seconds.
-/// `figures` is per replica, in the order of `upstreams.remote()`.
-pub fn shared_gpu_seconds(
-    upstreams: &engine::upstream::Upstreams,
-    figures: &[crate::gpu_ledger::ReplicaFigures],
-) -> String {
-    type Pick = fn(&crate::gpu_ledger::ReplicaFigures) -> u64;
-    let mut out = String::new();
-    let families: [(&str, &str, Pick); 3] = [
-        (
-            UPSTREAM_SHARED_BUSY,
-            "HTTP upstream replicas: busy wall time times GPUs over every gateway in front of them, in GPU-seconds (the shared ledger's whole)",
-            |f| f.busy,
-        ),
-        (
-            UPSTREAM_SHARED_ATTRIBUTED,
-            "HTTP upstream replicas: GPU-seconds the shared ledger handed to finished requests, every gateway together (equals busy less reaped when idle)",
-            |f| f.attributed,
-        ),
-        (
-            UPSTREAM_SHARED_REAPED,
-            "HTTP upstream replicas: GPU-seconds of requests whose gateway died in flight (no usage event exists for them)",
-            |f| f.reaped,
-        ),
-    ];
-    for (name, help, pick) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for (u, f) in upstreams.remote().iter().zip(figures) {
-            let _ = writeln!(
-                out,
-                "{name}{{model=\"{}\",replica=\"{}\"}} {}",
-                label_value(&u.config.model),
-                label_value(u.config.replica()),
-                to_gpu_seconds(pick(f))
-            );
-        }
-    }
-    out
-}
-
 /// A label value escaped for the text format.
-fn label_value(v: &str) -> String {
+pub fn label_value(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
@@ -225,10 +183,10 @@ pub fn tokens_remaining(tenant: &str, model: &str, remaining: u64) {
         .set(remaining as f64);
 }
 
-pub fn limits_mode(mode: crate::cluster::Mode) {
-    use crate::cluster::Mode;
-    for m in [Mode::Shared, Mode::Local] {
-        gauge!("gateway_limits_mode", "mode" => m.as_str()).set(if m == mode { 1.0 } else { 0.0 });
+/// The limits' mode (`shared` or `local`; see `cluster::Mode`): 1 on it, 0 on the other.
+pub fn limits_mode(mode: &'static str) {
+    for m in ["shared", "local"] {
+        gauge!("gateway_limits_mode", "mode" => m).set(if m == mode { 1.0 } else { 0.0 });
     }
 }
 

@@ -21,10 +21,18 @@ pub struct Caller {
     /// The tenant's cap on KV·seconds in flight, all keys together, in MiB·s.
     pub max_kv_mib_seconds: Option<u64>,
     /// The tenant's requests/s and burst, all keys and models together.
-    pub rate: Option<crate::limits::RequestRate>,
+    pub rate: Option<RequestRate>,
     /// The tenant's `limits` rows by model (`*` applies to every model
     /// without its own row).
     pub limits: Arc<HashMap<String, ModelLimits>>,
+}
+
+/// Requests per second with a burst: a token bucket holding `burst`,
+/// refilled at `per_second` (a tenant's `rateLimit`, or the global one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestRate {
+    pub per_second: u32,
+    pub burst: u32,
 }
 
 /// One `limits` row: what a tenant may do with one model (or `*`).
@@ -153,11 +161,9 @@ impl Registry {
                     max_kv_mib_seconds: positive(row.max_kv_gib_seconds)
                         .map(|g| g.saturating_mul(1024)),
                     // A rate without a burst may burst one second's worth.
-                    rate: positive_u32(row.requests_per_second).map(|per_second| {
-                        crate::limits::RequestRate {
-                            per_second,
-                            burst: positive_u32(row.burst).unwrap_or(per_second),
-                        }
+                    rate: positive_u32(row.requests_per_second).map(|per_second| RequestRate {
+                        per_second,
+                        burst: positive_u32(row.burst).unwrap_or(per_second),
                     }),
                     limits: by_tenant
                         .get(&row.tenant_id)

@@ -95,13 +95,7 @@ pub struct RateStatus {
     pub tokens: Option<Window>,
 }
 
-/// Requests per second with a burst: a token bucket holding `burst`,
-/// refilled at `per_second`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestRate {
-    pub per_second: u32,
-    pub burst: u32,
-}
+pub use crate::tenants::RequestRate;
 
 /// What a limit is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -1,0 +1,40 @@
+//! What every request handler shares: the gateway's state, built once by
+//! [`crate::service::run`] (its own module so the handlers need not import
+//! the service that mounts them).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::upstream::Upstreams;
+use tokio_util::task::TaskTracker;
+
+use crate::idempotency::Idempotency;
+use crate::limits::Limiter;
+use crate::outbox::Outbox;
+use crate::readiness::Readiness;
+use crate::tenants::Registry;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub registry: Registry,
+    pub engine: Arc<Upstreams>,
+    pub outbox: Outbox,
+    pub gateway_id: String,
+    pub speedup: u32,
+    /// Longest a request may run before it is stopped and billed as an error.
+    pub request_timeout: Duration,
+    pub limiter: Limiter,
+    /// Recent TPOT per model, for the KV·seconds estimate.
+    pub tpot: crate::tpot::Tpot,
+    /// Retries against admitted traffic over the last minute.
+    pub retry_budget: Arc<crate::retry_budget::RetryBudget>,
+    pub idempotency: Idempotency,
+    /// Every admitted request's task, so shutdown waits until each one has
+    /// written its usage event.
+    pub runs: TaskTracker,
+    /// The GPU-time ledger of HTTP replicas shared by every gateway (none
+    /// with `GATEWAY_LIMITS=local`).
+    pub gpu_ledger: Option<crate::gpu_ledger::RedisLedger>,
+    /// What `/readyz` answers; drained on SIGTERM.
+    pub readiness: Readiness,
+}
