@@ -122,7 +122,7 @@ async fn wait_hourly(stack: &TestStack, want: &Told, services: &[&Service]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn three_gateways_admit_one_keys_limit_between_them() {
+async fn three_gateways_behind_nginx_admit_one_keys_limit_between_them() {
     let stack = TestStack::new("gwshared").await;
     const KEY: &str = "sk-test-shared-0001";
     let limits = TenantLimits {
@@ -143,26 +143,30 @@ async fn three_gateways_admit_one_keys_limit_between_them() {
         }
         assert_eq!(mode(url).await, "shared");
     }
+    // In front of them, nginx (round robin), as a load balancer would be.
+    let upstreams: Vec<String> = gateways
+        .iter()
+        .map(|(_, u)| u.trim_start_matches("http://").to_owned())
+        .collect();
+    let nginx = tests::nginx::Nginx::start(stack.dir.path(), &upstreams).await;
     let client = reqwest::Client::new();
     let started = Instant::now();
-    // 8 concurrent clients, 240 requests, spread over the three gateways.
+    // 8 concurrent clients, 240 requests, all through nginx.
     let mut tasks = Vec::new();
-    for worker in 0..8usize {
-        let urls: Vec<String> = gateways.iter().map(|(_, u)| u.clone()).collect();
-        let client = client.clone();
+    for _ in 0..8usize {
+        let (client, url) = (client.clone(), nginx.url().to_owned());
         tasks.push(tokio::spawn(async move {
-            let mut admitted = [0u32; 3];
-            for n in 0..30usize {
-                let g = (worker + n) % 3;
+            let mut admitted = 0u32;
+            for _ in 0..30usize {
                 let res = client
-                    .post(format!("{}/v1/chat/completions", urls[g]))
+                    .post(format!("{url}/v1/chat/completions"))
                     .bearer_auth(KEY)
                     .json(&chat("llama-3.1-8b", "hello", 3))
                     .send()
                     .await
                     .unwrap();
                 match res.status().as_u16() {
-                    200 => admitted[g] += 1,
+                    200 => admitted += 1,
                     429 => {
                         let v: Value = res.json().await.unwrap();
                         assert_eq!(v["error"]["type"], "requests", "{v}");
@@ -173,14 +177,25 @@ async fn three_gateways_admit_one_keys_limit_between_them() {
             admitted
         }));
     }
-    let mut per_gateway = [0u32; 3];
+    let mut told = 0u32;
     for t in tasks {
-        let a = t.await.unwrap();
-        for g in 0..3 {
-            per_gateway[g] += a[g];
-        }
+        told += t.await.unwrap();
+    }
+    // What each gateway admitted, from its own metrics.
+    let mut per_gateway = [0u32; 3];
+    for (g, (_, url)) in gateways.iter().enumerate() {
+        let m = metrics(url).await;
+        per_gateway[g] = m
+            .lines()
+            .filter(|l| l.starts_with("gateway_requests_total{") && l.contains("\"shared\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u32>().ok())
+            .sum();
     }
     let total: u32 = per_gateway.iter().sum();
+    assert_eq!(
+        total, told,
+        "the gateways admitted what clients were told 200"
+    );
     // 60/min refills one a second: the limit, plus what refilled meanwhile.
     let refilled = started.elapsed().as_secs() as u32 + 1;
     assert!(
@@ -188,7 +203,7 @@ async fn three_gateways_admit_one_keys_limit_between_them() {
         "admitted {per_gateway:?} = {total}; the key's limit is 60/min (+{refilled} refilled)"
     );
     // Each gateway alone, with its limits in memory, would have admitted
-    // 60 of the 80 it was sent; here none got near that.
+    // 60 of the ~80 nginx sent it; here none got near that.
     assert!(
         per_gateway.iter().all(|n| (1..60).contains(n)),
         "{per_gateway:?}"
