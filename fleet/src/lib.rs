@@ -1,0 +1,15 @@
+//! fleet: the layer between the gateway's limits and the engines that
+//! decides *where and when* a request runs. It never prices anything.
+//!
+//! Built so far:
+//! - [`queue`]: per model pool, strict priority levels and, within a
+//!   level, weighted fair queuing by tenant weight on virtual time, with a
+//!   bounded depth per level.
+//!
+//! Not yet: replica pools and power-of-two-choices routing, dedicated and
+//! reserved capacity, preemption, SLO windows and the degradation ladder
+//! (issue #16); the gateway does not use the queue on its request path yet.
+
+pub mod queue;
+
+pub use queue::{Enqueued, Full, Queue, QueueConfig, Ticket};
