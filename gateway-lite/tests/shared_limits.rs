@@ -182,3 +182,35 @@ async fn no_redis_means_local_mode_and_the_gateway_keeps_answering() {
     let admitted = admit_until_refused(std::slice::from_ref(&l), &c).await;
     assert_eq!(admitted, vec![5], "alone, its share is the whole limit");
 }
+
+#[tokio::test]
+async fn requests_in_flight_are_held_again_after_redis_came_back_empty() {
+    let mut redis = devstack::PrivateRedis::start().await.unwrap();
+    let p = prefix();
+    let url = redis.url();
+    let connect = |id: &str| Limiter::new(None, Cluster::connect(&url, &p, id).unwrap());
+    let a = connect("gw-a");
+    a.renew(true).await;
+    assert_eq!(a.cluster().mode(), Mode::Shared);
+    let c = caller(None, Some(3));
+    let first = a.admit(&c, ask(1)).await.unwrap();
+    let second = a.admit(&c, ask(2)).await.unwrap();
+    redis.kill9().await;
+    a.renew(true).await;
+    assert_eq!(a.cluster().mode(), Mode::Local, "Redis is gone");
+    // One ends and another starts while Redis is away: in local mode.
+    drop(first);
+    let third = a.admit(&c, ask(5)).await.unwrap();
+    let held = (second, third);
+    redis.restart().await.unwrap();
+    a.renew(true).await;
+    assert_eq!(a.cluster().mode(), Mode::Shared, "back by itself");
+    // Redis came back empty; a registered its two requests in flight, so
+    // another gateway gets only the one unit left of the tenant's 3.
+    let b = connect("gw-b");
+    b.renew(true).await;
+    let one = b.admit(&c, ask(3)).await.unwrap();
+    let refused = b.admit(&c, ask(4)).await.unwrap_err();
+    assert_eq!(refused.limit, LimitKind::Concurrency);
+    drop((held, one));
+}

@@ -233,6 +233,9 @@ struct State {
     holdings: HashMap<Resource, Holding>,
     /// Capacity units used by this gateway's requests (both modes).
     in_use: HashMap<Resource, u64>,
+    /// The shape of each capacity in `in_use` (to hold it again in Redis
+    /// after a mode change).
+    capacity_shapes: HashMap<Resource, Shape>,
     /// Shared mode: what each rate had left in Redis at its last lease.
     left: HashMap<Resource, u64>,
     in_flight: HashMap<u64, InFlight>,
@@ -245,7 +248,7 @@ impl State {
     /// Adapts the state to `mode`: entering shared mode, the capacity in
     /// use is what this gateway holds (registered at the next renewal) and
     /// the local buckets go; entering local mode, leases are forgotten.
-    fn sync(&mut self, mode: Mode, now: Instant, shapes: impl Fn(&Resource) -> Option<Shape>) {
+    fn sync(&mut self, mode: Mode, now: Instant) {
         if self.mode == Some(mode) {
             return;
         }
@@ -255,7 +258,7 @@ impl State {
         self.left.clear();
         if mode == Mode::Shared {
             for (res, used) in &self.in_use {
-                if let Some(shape) = shapes(res) {
+                if let Some(&shape) = self.capacity_shapes.get(res) {
                     self.holdings.insert(
                         res.clone(),
                         Holding {
@@ -313,6 +316,7 @@ impl State {
                 }
                 Shape::Capacity(_) => {
                     *self.in_use.entry(d.res.clone()).or_default() += d.take as u64;
+                    self.capacity_shapes.insert(d.res.clone(), d.shape);
                 }
             }
         }
@@ -362,6 +366,7 @@ impl State {
                 }
                 Shape::Capacity(_) => {
                     *self.in_use.entry(d.res.clone()).or_default() += d.take as u64;
+                    self.capacity_shapes.insert(d.res.clone(), d.shape);
                     if let Some(h) = self.holdings.get_mut(&d.res) {
                         h.touched = now;
                     }
@@ -541,7 +546,7 @@ impl Limiter {
             let mode = self.cluster.mode();
             let asks = {
                 let mut st = self.lock();
-                st.sync(mode, now, |r| shape_of(&demands, r));
+                st.sync(mode, now);
                 let admitted = match mode {
                     Mode::Local => {
                         st.admit_local(&demands, self.cluster.peers(), now)?;
@@ -719,7 +724,7 @@ impl Limiter {
         let now = Instant::now();
         let (returns, capacities, register, leases) = {
             let mut st = self.lock();
-            st.sync(Mode::Shared, now, |_| None);
+            st.sync(Mode::Shared, now);
             let mut returns = Vec::new();
             let used: HashMap<Resource, u64> = st.in_use.clone();
             for (res, h) in st.holdings.iter_mut() {
@@ -819,11 +824,6 @@ impl Limiter {
     }
 }
 
-/// The shape a resource had in `demands` (for holdings rebuilt on a mode change).
-fn shape_of(demands: &[Demand], res: &Resource) -> Option<Shape> {
-    demands.iter().find(|d| &d.res == res).map(|d| d.shape)
-}
-
 /// Per tenant, this gateway's lease records: request id → estimated
 /// KV·s, start and gateway.
 fn lease_records(st: &State, cluster: &Cluster) -> Vec<(String, Vec<(String, String)>)> {
@@ -912,6 +912,7 @@ impl Drop for Permit {
                 *n = n.saturating_sub(*units);
                 if *n == 0 {
                     st.in_use.remove(res);
+                    st.capacity_shapes.remove(res);
                 }
             }
         }
