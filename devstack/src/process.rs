@@ -268,6 +268,12 @@ impl Service {
     pub fn log_tail(&self) -> String {
         log_tail(&self.spec.log, 40)
     }
+
+    /// Its whole log so far (to look for a message that a backtrace, with
+    /// `RUST_BACKTRACE=1`, would push out of the tail).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.spec.log).unwrap_or_default()
+    }
 }
 
 impl Drop for Service {

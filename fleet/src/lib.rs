@@ -4,12 +4,16 @@
 //! Built so far:
 //! - [`queue`]: per model pool, strict priority levels and, within a
 //!   level, weighted fair queuing by tenant weight on virtual time, with a
-//!   bounded depth per level.
+//!   bounded depth per level;
+//! - [`slo`]: a tenant's typed objectives and the sliding 60 s window of
+//!   its TTFT and end-to-end latency (percentiles, compliance ratios).
 //!
 //! Not yet: replica pools and power-of-two-choices routing, dedicated and
-//! reserved capacity, preemption, SLO windows and the degradation ladder
-//! (issue #16); the gateway does not use the queue on its request path yet.
+//! reserved capacity, preemption, capacity borrowing and the degradation
+//! ladder (issue #16); the gateway reports the SLO windows but does not
+//! use the queue on its request path yet.
 
 pub mod queue;
+pub mod slo;
 
 pub use queue::{Enqueued, Full, Queue, QueueConfig, Ticket};

@@ -67,6 +67,39 @@ pub async fn models(
     Ok(Json(json!({"object": "list", "data": data})))
 }
 
+/// `GET /v1/slo`: the caller's own tenant's last 60 s against its
+/// objectives (a key sees its own tenant only). Latencies in ms, ratios as
+/// fractions (null without requests or without that objective).
+pub async fn slo(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, GatewayError> {
+    let caller = authenticate(&state, &headers)?;
+    let r = state.slo.report(&caller.tenant_id, Instant::now());
+    let slo = caller.slo;
+    let p = |p: Option<fleet::slo::Percentiles>| {
+        p.map(|p| json!({"p50_ms": p.p50, "p95_ms": p.p95, "p99_ms": p.p99}))
+    };
+    Ok(Json(json!({
+        "object": "slo_window",
+        "tenant": caller.tenant_id,
+        "window_seconds": fleet::slo::WINDOW.as_secs(),
+        "requests": r.requests,
+        "objectives": {
+            "ttft_p95_ms": slo.ttft_p95_ms,
+            "e2e_p95_ms": slo.e2e_p95_ms,
+            "availability_bp": slo.availability_bp,
+        },
+        "ttft": p(r.ttft),
+        "e2e": p(r.e2e),
+        "compliance": {
+            "ttft": r.ttft_compliance,
+            "e2e": r.e2e_compliance,
+            "availability": r.availability.filter(|_| slo.availability_bp.is_some()),
+        },
+    })))
+}
+
 pub async fn completions(
     State(state): State<AppState>,
     Extension(request_id): Extension<RequestId>,

@@ -309,6 +309,19 @@ impl Run {
             guard.publish(a).await;
         }
         crate::telemetry::record_request(&self.caller.tenant_id, &self.model, &event);
+        let speedup = i64::from(self.state.speedup.max(1));
+        self.state.slo.record(
+            &self.caller.tenant_id,
+            self.caller.slo,
+            event.ttft_ms.map(|ms| ms.max(0) as u64),
+            // In the engine's time, like its TTFT (the simulator may run faster).
+            ((event.finished_at - event.started_at)
+                .num_milliseconds()
+                .max(0)
+                * speedup) as u64,
+            event.finish_reason == FinishReason::Error,
+            Instant::now(),
+        );
         if let Some(ms) = event.tpot_ms.filter(|ms| *ms > 0) {
             let tpot = std::time::Duration::from_millis(ms as u64);
             self.state.tpot.record(&self.model, tpot, Instant::now());

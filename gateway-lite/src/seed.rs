@@ -35,11 +35,34 @@ pub struct TenantSeed {
     #[serde(default = "utc")]
     pub time_zone: String,
     #[serde(default)]
-    pub slo: serde_norway::Value,
+    pub slo: SloSeed,
     #[serde(default)]
     pub keys: Vec<KeySeed>,
     #[serde(default)]
     pub limits: Vec<LimitSeed>,
+}
+
+/// A tenant's `slo:` (see `fleet::slo::Slo`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SloSeed {
+    pub ttft_p95_ms: Option<u32>,
+    pub e2e_p95_ms: Option<u32>,
+    /// A percentage as text, e.g. `"99.9"`.
+    pub availability: Option<String>,
+    #[serde(default)]
+    pub best_effort: bool,
+}
+
+impl SloSeed {
+    pub fn typed(&self) -> Result<fleet::slo::Slo, fleet::slo::SloError> {
+        fleet::slo::Slo::new(
+            self.ttft_p95_ms,
+            self.e2e_p95_ms,
+            self.availability.as_deref(),
+            self.best_effort,
+        )
+    }
 }
 
 fn yes() -> bool {
@@ -80,26 +103,46 @@ pub fn load(path: &Path) -> Result<SeedFile, GatewayError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         GatewayError::Config(format!("GATEWAY_TENANTS_FILE {}: {e}", path.display()))
     })?;
-    serde_norway::from_str(&text)
-        .map_err(|e| GatewayError::Config(format!("GATEWAY_TENANTS_FILE {}: {e}", path.display())))
+    let file: SeedFile = serde_norway::from_str(&text).map_err(|e| {
+        GatewayError::Config(format!("GATEWAY_TENANTS_FILE {}: {e}", path.display()))
+    })?;
+    for t in &file.tenants {
+        t.slo.typed().map_err(|e| {
+            GatewayError::Config(format!(
+                "GATEWAY_TENANTS_FILE {}: tenant {:?}: {e}",
+                path.display(),
+                t.name
+            ))
+        })?;
+    }
+    Ok(file)
 }
 
 /// Upserts every tenant, key and limit in one transaction.
 pub async fn apply(pool: &PgPool, seed: &SeedFile) -> Result<(), GatewayError> {
     let mut tx = pool.begin().await?;
     for t in &seed.tenants {
+        let slo = t
+            .slo
+            .typed()
+            .map_err(|e| GatewayError::Config(format!("tenant {:?}: {e}", t.name)))?;
         sqlx::query(
             "INSERT INTO tenants (tenant_id, display_name, plan, priority, wfq_weight, billing_mode,
                  shadow, time_zone, requests_per_second, burst, max_concurrency,
-                 max_kv_gib_seconds)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                 max_kv_gib_seconds, slo_ttft_p95_ms, slo_e2e_p95_ms, slo_availability_bp,
+                 slo_best_effort)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
              ON CONFLICT (tenant_id) DO UPDATE SET display_name = EXCLUDED.display_name,
                  plan = EXCLUDED.plan, priority = EXCLUDED.priority,
                  wfq_weight = EXCLUDED.wfq_weight, billing_mode = EXCLUDED.billing_mode,
                  shadow = EXCLUDED.shadow, time_zone = EXCLUDED.time_zone,
                  requests_per_second = EXCLUDED.requests_per_second, burst = EXCLUDED.burst,
                  max_concurrency = EXCLUDED.max_concurrency,
-                 max_kv_gib_seconds = EXCLUDED.max_kv_gib_seconds, updated_at = now()",
+                 max_kv_gib_seconds = EXCLUDED.max_kv_gib_seconds,
+                 slo_ttft_p95_ms = EXCLUDED.slo_ttft_p95_ms,
+                 slo_e2e_p95_ms = EXCLUDED.slo_e2e_p95_ms,
+                 slo_availability_bp = EXCLUDED.slo_availability_bp,
+                 slo_best_effort = EXCLUDED.slo_best_effort, updated_at = now()",
         )
         .bind(&t.name)
         .bind(t.display_name.as_deref().unwrap_or(&t.name))
@@ -113,6 +156,10 @@ pub async fn apply(pool: &PgPool, seed: &SeedFile) -> Result<(), GatewayError> {
         .bind(t.rate_limit.burst)
         .bind(t.max_concurrency)
         .bind(t.max_kv_gib_seconds)
+        .bind(t.slo.ttft_p95_ms.map(|v| v as i32))
+        .bind(t.slo.e2e_p95_ms.map(|v| v as i32))
+        .bind(slo.availability_bp.map(|v| v as i32))
+        .bind(t.slo.best_effort)
         .execute(&mut *tx)
         .await
         .map_err(|e| seed_error(&t.name, e))?;

@@ -40,6 +40,7 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
     let mut router = Router::new()
         .route("/v1/chat/completions", post(chat::completions))
         .route("/v1/models", get(chat::models))
+        .route("/v1/slo", get(chat::slo))
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/readyz",
@@ -50,6 +51,7 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
     if let Some(handle) = metrics {
         let (engine, outbox) = (state.engine.clone(), state.outbox.clone());
         let ledger = state.gpu_ledger.clone();
+        let slo = state.slo.clone();
         router = router.route(
             "/metrics",
             get(move || {
@@ -59,8 +61,10 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
                     handle.clone(),
                     ledger.clone(),
                 );
+                let slo = slo.clone();
                 async move {
                     telemetry::upstreams(&engine);
+                    telemetry::slo(&slo, std::time::Instant::now());
                     relay::report_age(&outbox);
                     let mut text = handle.render();
                     text.push_str(&telemetry::upstream_gpu_seconds(&engine));
@@ -210,6 +214,7 @@ pub async fn run(
         runs: TaskTracker::new(),
         readiness: Readiness::default(),
         gpu_ledger: (config.limits == LimitsMode::Shared).then(|| gpu_ledger.clone()),
+        slo: Arc::default(),
     };
     let runs = state.runs.clone();
     // Fail readiness first, keep accepting while the load balancer notices,

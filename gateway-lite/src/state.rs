@@ -35,6 +35,8 @@ pub struct AppState {
     /// The GPU-time ledger of HTTP replicas shared by every gateway (none
     /// with `GATEWAY_LIMITS=local`).
     pub gpu_ledger: Option<crate::gpu_ledger::RedisLedger>,
+    /// Every tenant's last 60 s of TTFT and end-to-end latency, against its SLO.
+    pub slo: Arc<fleet::slo::Windows>,
     /// What `/readyz` answers; drained on SIGTERM.
     pub readiness: Readiness,
 }

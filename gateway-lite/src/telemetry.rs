@@ -95,6 +95,14 @@ pub fn describe() {
         "Where the limits are enforced: 1 on the current mode (shared: leased from Redis with every gateway; local: this gateway's share in memory), 0 on the other"
     );
     metrics::describe_gauge!(
+        "slo_compliance_ratio",
+        "Share of a tenant's requests in the last 60 s within its objective, by metric (ttft, e2e; availability: the share that did not fail); NaN with no requests or no objective"
+    );
+    metrics::describe_gauge!(
+        "slo_latency_seconds",
+        "A tenant's TTFT and end-to-end latency over the last 60 s, nearest-rank p50/p95/p99, in the engine's time"
+    );
+    metrics::describe_gauge!(
         "gateway_peers",
         "Gateways alive at the last heartbeat in Redis, this one included"
     );
@@ -184,6 +192,35 @@ pub fn tokens_remaining(tenant: &str, model: &str, remaining: u64) {
 }
 
 /// The limits' mode (`shared` or `local`; see `cluster::Mode`): 1 on it, 0 on the other.
+/// Every tenant's SLO window, at scrape time: `slo_compliance_ratio{tenant,
+/// metric}` (metric `ttft`, `e2e`, `availability`; NaN without an
+/// objective or without requests in the window) and
+/// `slo_latency_seconds{tenant,metric,quantile}`.
+pub fn slo(windows: &fleet::slo::Windows, now: std::time::Instant) {
+    for tenant in windows.tenants() {
+        let r = windows.report(&tenant, now);
+        let ratios = [
+            ("ttft", r.ttft_compliance),
+            ("e2e", r.e2e_compliance),
+            (
+                "availability",
+                r.availability.filter(|_| r.slo.availability_bp.is_some()),
+            ),
+        ];
+        for (metric, ratio) in ratios {
+            gauge!("slo_compliance_ratio", "tenant" => tenant.clone(), "metric" => metric)
+                .set(ratio.unwrap_or(f64::NAN));
+        }
+        for (metric, p) in [("ttft", r.ttft), ("e2e", r.e2e)] {
+            let Some(p) = p else { continue };
+            for (q, ms) in [("0.5", p.p50), ("0.95", p.p95), ("0.99", p.p99)] {
+                gauge!("slo_latency_seconds", "tenant" => tenant.clone(), "metric" => metric, "quantile" => q)
+                    .set(ms as f64 / 1000.0);
+            }
+        }
+    }
+}
+
 pub fn limits_mode(mode: &'static str) {
     for m in ["shared", "local"] {
         gauge!("gateway_limits_mode", "mode" => m).set(if m == mode { 1.0 } else { 0.0 });

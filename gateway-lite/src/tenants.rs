@@ -22,6 +22,9 @@ pub struct Caller {
     pub max_kv_mib_seconds: Option<u64>,
     /// The tenant's requests/s and burst, all keys and models together.
     pub rate: Option<RequestRate>,
+    /// The tenant's service-level objectives (its window is reported
+    /// against them).
+    pub slo: fleet::slo::Slo,
     /// The tenant's `limits` rows by model (`*` applies to every model
     /// without its own row).
     pub limits: Arc<HashMap<String, ModelLimits>>,
@@ -70,6 +73,9 @@ struct KeyRow {
     priority: i16,
     max_concurrency: Option<i32>,
     max_kv_gib_seconds: Option<i64>,
+    slo_ttft_p95_ms: Option<i32>,
+    slo_e2e_p95_ms: Option<i32>,
+    slo_availability_bp: Option<i32>,
     requests_per_second: Option<i32>,
     burst: Option<i32>,
 }
@@ -118,7 +124,8 @@ impl Registry {
     pub async fn refresh(&self, pool: &PgPool) -> Result<usize, sqlx::Error> {
         let rows: Vec<KeyRow> = sqlx::query_as(
             "SELECT k.key_hash, k.tenant_id, k.api_key_id, t.priority, t.max_concurrency,
-                    t.max_kv_gib_seconds, t.requests_per_second, t.burst
+                    t.max_kv_gib_seconds, t.slo_ttft_p95_ms, t.slo_e2e_p95_ms,
+                    t.slo_availability_bp, t.requests_per_second, t.burst
              FROM api_keys k
              JOIN tenants t USING (tenant_id)
              WHERE k.revoked_at IS NULL",
@@ -160,6 +167,11 @@ impl Registry {
                     max_concurrency: positive_u32(row.max_concurrency),
                     max_kv_mib_seconds: positive(row.max_kv_gib_seconds)
                         .map(|g| g.saturating_mul(1024)),
+                    slo: fleet::slo::Slo {
+                        ttft_p95_ms: positive_u32(row.slo_ttft_p95_ms),
+                        e2e_p95_ms: positive_u32(row.slo_e2e_p95_ms),
+                        availability_bp: positive_u32(row.slo_availability_bp),
+                    },
                     // A rate without a burst may burst one second's worth.
                     rate: positive_u32(row.requests_per_second).map(|per_second| RequestRate {
                         per_second,

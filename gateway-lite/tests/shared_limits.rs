@@ -35,6 +35,7 @@ fn caller(rpm: Option<u32>, conc: Option<u32>) -> Caller {
         priority: 3,
         max_concurrency: conc,
         max_kv_mib_seconds: None,
+        slo: Default::default(),
         rate: None,
         limits: Arc::new(HashMap::from([("*".to_owned(), limits)])),
     }

@@ -135,7 +135,7 @@ async fn the_engine_without_a_valid_identity_secret_exits_naming_the_setting() {
             .await
             .expect("the engine exits by itself");
         assert!(!status.success(), "{secret:?}: exited {status}");
-        let log = svc.log_tail();
+        let log = svc.log_text();
         assert!(log.contains("ENGINE_IDENTITY_SECRET"), "{secret:?}:\n{log}");
     }
 }

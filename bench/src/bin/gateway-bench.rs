@@ -84,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
             priority: 5,
             max_concurrency: None,
             max_kv_mib_seconds: None,
+            slo: Default::default(),
             rate: None,
             limits: Arc::new(HashMap::new()),
         },
@@ -104,6 +105,7 @@ async fn main() -> anyhow::Result<()> {
         tpot: Default::default(),
         retry_budget: Default::default(),
         gpu_ledger: None,
+        slo: Default::default(),
         idempotency: Idempotency::new(
             outbox.clone(),
             gateway_lite::cluster::Cluster::local("gw-bench"),
@@ -250,6 +252,7 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
             priority: 5,
             max_concurrency: Some(10_000),
             max_kv_mib_seconds: Some(1 << 40),
+            slo: Default::default(),
             rate: Some(gateway_lite::limits::RequestRate {
                 per_second: 20_000,
                 burst: 2_000,
@@ -291,6 +294,7 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
             tpot: Default::default(),
             retry_budget: Default::default(),
             gpu_ledger: None,
+            slo: Default::default(),
             idempotency: Idempotency::new(outbox, cluster),
             runs: tokio_util::task::TaskTracker::new(),
             readiness: Default::default(),

@@ -1056,6 +1056,7 @@ mod tests {
             priority: 3,
             max_concurrency: conc,
             max_kv_mib_seconds: None,
+            slo: Default::default(),
             rate: None,
             limits: Arc::new(HashMap::from([("*".to_owned(), limits)])),
         }
