@@ -195,7 +195,8 @@ pub fn tokens_remaining(tenant: &str, model: &str, remaining: u64) {
 /// Every tenant's SLO window, at scrape time: `slo_compliance_ratio{tenant,
 /// metric}` (metric `ttft`, `e2e`, `availability`; NaN without an
 /// objective or without requests in the window) and
-/// `slo_latency_seconds{tenant,metric,quantile}`.
+/// `slo_latency_seconds{tenant,metric,percentile}` (a `quantile` label is
+/// a summary's, and this is a gauge).
 pub fn slo(windows: &fleet::slo::Windows, now: std::time::Instant) {
     for tenant in windows.tenants() {
         let r = windows.report(&tenant, now);
@@ -213,8 +214,8 @@ pub fn slo(windows: &fleet::slo::Windows, now: std::time::Instant) {
         }
         for (metric, p) in [("ttft", r.ttft), ("e2e", r.e2e)] {
             let Some(p) = p else { continue };
-            for (q, ms) in [("0.5", p.p50), ("0.95", p.p95), ("0.99", p.p99)] {
-                gauge!("slo_latency_seconds", "tenant" => tenant.clone(), "metric" => metric, "quantile" => q)
+            for (q, ms) in [("50", p.p50), ("95", p.p95), ("99", p.p99)] {
+                gauge!("slo_latency_seconds", "tenant" => tenant.clone(), "metric" => metric, "percentile" => q)
                     .set(ms as f64 / 1000.0);
             }
         }
