@@ -73,6 +73,16 @@ pub struct GatewayConfig {
     /// gateway alone, in memory, Redis never used.
     #[arg(long, env = "GATEWAY_LIMITS", default_value = "shared")]
     pub limits: LimitsMode,
+    /// How long idempotency claims and answers stay in Redis, seconds (60
+    /// to 86400): a retry on another gateway gets the stored answer within
+    /// this; after it, it runs again under the same request id (billed
+    /// once). Redis holds every idempotent answer this long.
+    #[arg(
+        long,
+        env = "GATEWAY_IDEMPOTENCY_SHARED_TTL_SECS",
+        default_value_t = 86_400
+    )]
+    pub idempotency_shared_ttl_secs: u64,
     /// Slow-client bounds and the shutdown grace of the listener.
     #[command(flatten)]
     pub http: serving::HttpSettings,
@@ -145,6 +155,12 @@ impl GatewayConfig {
                     self.redis_prefix
                 )));
             }
+        }
+        if !(60..=86_400).contains(&self.idempotency_shared_ttl_secs) {
+            return Err(GatewayError::Config(format!(
+                "GATEWAY_IDEMPOTENCY_SHARED_TTL_SECS must be between 60 and 86400, got {}",
+                self.idempotency_shared_ttl_secs
+            )));
         }
         if self.kafka_brokers.trim().is_empty() {
             return Err(GatewayError::Config("KAFKA_BROKERS is empty".into()));

@@ -46,8 +46,12 @@ use usage_contract::RequestId;
 use crate::cluster::Cluster;
 use crate::outbox::{Outbox, OutboxError};
 
-/// How long a key is remembered.
+/// How long a key is remembered (in this gateway's outbox, and by default
+/// in Redis: `GATEWAY_IDEMPOTENCY_SHARED_TTL_SECS`).
 pub const TTL: Duration = Duration::from_secs(24 * 3600);
+/// Answers larger than this stay in the answering gateway's outbox only: a
+/// retry elsewhere runs again under the same id (billed once).
+pub const MAX_SHARED_ANSWER: usize = 1 << 20;
 /// The longest key accepted.
 pub const MAX_KEY_LEN: usize = 255;
 
@@ -68,6 +72,12 @@ end
 if v[1] ~= body then return {'mismatch'} end
 if v[2] == 'done' then return {'replay', v[5], v[6], v[7]} end
 local attempt = tonumber(v[4]) or 0
+if v[2] == 'kept' then
+  -- Answered, the answer too large to share: run again, same attempt.
+  if may ~= '1' then return {'shed'} end
+  redis.call('HSET', k, 'state', 'running', 'owner', me)
+  return {'new', attempt, 1}
+end
 if v[2] == 'running' then
   if v[3] ~= me and redis.call('EXISTS', alive .. v[3]) == 1 then return {'in_flight'} end
   if may ~= '1' then return {'shed'} end
@@ -79,7 +89,9 @@ redis.call('HSET', k, 'state', 'running', 'owner', me, 'attempt', attempt + 1)
 return {'new', attempt + 1, 1}
 ";
 
-/// Ends a claim: `done` with the answer, or `failed`.
+/// Ends a claim: `done` with the answer, `kept` (answered, the answer
+/// too large to share: kept in the answering gateway's outbox only), or
+/// `failed`.
 /// KEYS[1]: the claim. ARGV: this gateway, attempt, state, TTL ms, then
 /// (done) request id, content type, answer, body hash (the claim is whole
 /// again even if Redis lost it while the request ran).
@@ -87,8 +99,8 @@ const FINISH: &str = r"
 local k, me, attempt, state = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local v = redis.call('HMGET', k, 'state', 'attempt')
 if v[1] == 'done' or (v[2] and v[2] ~= attempt) then return 0 end
-if state == 'done' then
-  redis.call('HSET', k, 'state', 'done', 'rid', ARGV[5], 'ctype', ARGV[6], 'answer', ARGV[7],
+if state == 'done' or state == 'kept' then
+  redis.call('HSET', k, 'state', state, 'rid', ARGV[5], 'ctype', ARGV[6], 'answer', ARGV[7],
     'owner', me, 'body', ARGV[8], 'attempt', attempt)
   redis.call('PEXPIRE', k, ARGV[4])
 elseif v[1] then
@@ -130,6 +142,8 @@ pub struct Idempotency {
     store: Outbox,
     cluster: Cluster,
     scripts: Arc<(Script, Script)>,
+    /// How long claims and answers live in Redis.
+    shared_ttl: Duration,
 }
 
 impl std::fmt::Debug for Idempotency {
@@ -198,7 +212,16 @@ impl Idempotency {
             store,
             cluster,
             scripts: Arc::new((Script::new(BEGIN), Script::new(FINISH))),
+            shared_ttl: TTL,
         }
+    }
+
+    /// Claims and answers live `ttl` in Redis (at most [`TTL`]; the outbox
+    /// keeps answers [`TTL`] whatever this is): Redis holds every answer of
+    /// that long, so size it as idempotent requests/s × `ttl` × answer size.
+    pub fn with_shared_ttl(mut self, ttl: Duration) -> Self {
+        self.shared_ttl = ttl.min(TTL);
+        self
     }
 
     fn in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, [u8; 32]>> {
@@ -259,7 +282,7 @@ impl Idempotency {
                     .arg(hex::encode(body_hash))
                     .arg(self.cluster.gateway_id())
                     .arg(self.cluster.alive_key(""))
-                    .arg(ttl_ms)
+                    .arg(self.shared_ttl.as_millis() as u64)
                     .arg(if may_retry { "1" } else { "0" })
                     .invoke_async(&mut conn)
                     .await;
@@ -338,14 +361,24 @@ impl Idempotency {
         };
         crate::telemetry::redis_call("idempotency");
         let mut call = self.scripts.1.key(claim);
+        let state = match answer {
+            None => "failed",
+            Some(a) if a.body.len() > MAX_SHARED_ANSWER => "kept",
+            Some(_) => "done",
+        };
         call.arg(self.cluster.gateway_id())
             .arg(attempt)
-            .arg(if answer.is_some() { "done" } else { "failed" })
-            .arg(TTL.as_millis() as u64);
+            .arg(state)
+            .arg(self.shared_ttl.as_millis() as u64);
         if let Some(a) = answer {
+            let body: &[u8] = if state == "kept" {
+                b""
+            } else {
+                a.body.as_ref()
+            };
             call.arg(&a.request_id)
                 .arg(a.content_type)
-                .arg(a.body.as_ref())
+                .arg(body)
                 .arg(hex::encode(body_hash));
         }
         if let Err(e) = call.invoke_async::<i64>(&mut conn).await {

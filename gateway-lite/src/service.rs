@@ -210,7 +210,8 @@ pub async fn run(
         limiter: limiter.clone(),
         tpot: crate::tpot::Tpot::default(),
         retry_budget: Arc::default(),
-        idempotency: Idempotency::new(outbox.clone(), cluster.clone()),
+        idempotency: Idempotency::new(outbox.clone(), cluster.clone())
+            .with_shared_ttl(Duration::from_secs(config.idempotency_shared_ttl_secs)),
         runs: TaskTracker::new(),
         readiness: Readiness::default(),
         gpu_ledger: (config.limits == LimitsMode::Shared).then(|| gpu_ledger.clone()),

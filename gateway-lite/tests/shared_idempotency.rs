@@ -1,0 +1,79 @@
+//! Idempotency claims across two gateways on the machine's real Redis
+//! (`REDIS_URL`, else 127.0.0.1:6379), each with its own outbox: an answer
+//! published by one is replayed by the other with its request id; a
+//! duplicate while it runs is in flight; an answer too large to share makes
+//! the other run it again under the same request id (billed once).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use axum::body::Bytes;
+use gateway_lite::cluster::{Cluster, Mode};
+use gateway_lite::idempotency::{Begin, Idempotency, Stored, MAX_SHARED_ANSWER};
+use gateway_lite::outbox::Outbox;
+
+fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+async fn gateway(dir: &std::path::Path, prefix: &str, id: &str) -> (Idempotency, Outbox) {
+    let cluster = Cluster::connect(&redis_url(), prefix, id).unwrap();
+    cluster.heartbeat().await.unwrap();
+    assert_eq!(cluster.mode(), Mode::Shared);
+    let outbox = Outbox::open(&dir.join(id)).unwrap();
+    (Idempotency::new(outbox.clone(), cluster), outbox)
+}
+
+fn answer(id: &str, bytes: usize) -> Stored {
+    Stored {
+        content_type: "application/json",
+        request_id: id.to_owned(),
+        body: Bytes::from(vec![b'x'; bytes]),
+    }
+}
+
+#[tokio::test]
+async fn answers_cross_gateways_and_a_large_one_runs_again_under_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = format!("mt-test-{}:", uuid::Uuid::now_v7().simple());
+    let (a, a_outbox) = gateway(dir.path(), &prefix, "gw-a").await;
+    let (b, _) = gateway(dir.path(), &prefix, "gw-b").await;
+    let now = chrono::Utc::now().timestamp_millis();
+
+    let Begin::New(mut guard) = a.begin("key", "order-1", b"body", now, true).await.unwrap() else {
+        panic!("a new key")
+    };
+    let id = guard.request_id();
+    assert!(!guard.is_retry());
+    assert!(matches!(
+        b.begin("key", "order-1", b"body", now, true).await.unwrap(),
+        Begin::InFlight
+    ));
+    let small = answer(&id.to_string(), 100);
+    a_outbox
+        .append_with_answer("t".into(), b"{}".to_vec(), Some(guard.answer(&small, now)))
+        .await
+        .unwrap();
+    guard.publish(&small).await;
+    drop(guard);
+    match b.begin("key", "order-1", b"body", now, true).await.unwrap() {
+        Begin::Replay(s) => assert_eq!(s, small),
+        other => panic!("expected the replay, got {other:?}"),
+    }
+
+    // Too large to share: b runs it again, under the same id, as a retry.
+    let Begin::New(mut big_guard) = a.begin("key", "order-2", b"body", now, true).await.unwrap()
+    else {
+        panic!("a new key")
+    };
+    let big_id = big_guard.request_id();
+    let big = answer(&big_id.to_string(), MAX_SHARED_ANSWER + 1);
+    big_guard.publish(&big).await;
+    drop(big_guard);
+    match b.begin("key", "order-2", b"body", now, true).await.unwrap() {
+        Begin::New(g) => {
+            assert_eq!(g.request_id(), big_id, "the same id: ingest bills it once");
+            assert!(g.is_retry());
+        }
+        other => panic!("expected a re-run, got {other:?}"),
+    }
+}
