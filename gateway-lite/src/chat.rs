@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use usage_contract::RequestId;
 
+use crate::admission_queue;
 use crate::error::GatewayError;
 use crate::idempotency::{self, Begin, Stored};
 use crate::limits;
@@ -246,41 +247,68 @@ async fn handle(
 
     let retry = idempotency.as_ref().is_some_and(|g| g.is_retry());
     state.retry_budget.admitted(retry, Instant::now());
-    let started_at = now_ms();
-    let generation = match state
-        .engine
-        .start(
-            &CompletionRequest {
-                model: req.model.clone(),
-                prompt,
-                max_tokens,
-                seed: req.seed.unwrap_or(0),
-                tenant_id: caller.tenant_id.clone(),
-                class,
-                // An HTTP upstream gets the client's request as it was sent.
-                body: if info.remote {
-                    serde_json::from_slice(&body).ok()
-                } else {
-                    None
-                },
-            },
-            req.streams(),
-        )
-        .await
-    {
-        Ok(generation) => generation,
-        Err(e) => {
-            // Not admitted by the engine: no usage event, nothing charged.
-            permit.settle(0, Instant::now());
-            if matches!(
-                e,
-                EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. }
-            ) {
-                telemetry::rejected(&caller.tenant_id, "no_capacity");
-            }
-            return Err(engine_error(e));
-        }
+    let engine_request = CompletionRequest {
+        model: req.model.clone(),
+        prompt,
+        max_tokens,
+        seed: req.seed.unwrap_or(0),
+        tenant_id: caller.tenant_id.clone(),
+        class,
+        // An HTTP upstream gets the client's request as it was sent.
+        body: if info.remote {
+            serde_json::from_slice(&body).ok()
+        } else {
+            None
+        },
     };
+    let arrived = Instant::now();
+    let deadline = arrived + admission_queue::budget(caller);
+    let generation = loop {
+        let refused = match state.engine.start(&engine_request, req.streams()).await {
+            Ok(generation) => break generation,
+            Err(e) => e,
+        };
+        // No room for its class now: wait in the model's fair queue.
+        let queue = state
+            .queues
+            .as_ref()
+            .filter(|q| q.serves(&req.model) && matches!(refused, EngineError::NoCapacity { .. }));
+        let waited = match queue {
+            None => Err(None),
+            Some(q) => {
+                let cost = gpu_micros(state, &req.model, prompt_tokens, output_estimate.min(room));
+                let left = deadline.saturating_duration_since(Instant::now());
+                q.wait(&req.model, caller, cost, left).await.map_err(Some)
+            }
+        };
+        let why = match waited {
+            Ok(()) => continue,
+            Err(why) => why,
+        };
+        // Not admitted by the engine: no usage event, nothing charged.
+        permit.settle(0, Instant::now());
+        return Err(match why {
+            Some(admission_queue::NotRun::Full { level, depth }) => {
+                telemetry::rejected(&caller.tenant_id, "queue_full");
+                GatewayError::QueueFull { level, depth }
+            }
+            Some(admission_queue::NotRun::Timeout(_)) => {
+                telemetry::rejected(&caller.tenant_id, "queue_timeout");
+                GatewayError::QueueTimeout(deadline - arrived)
+            }
+            None => {
+                if matches!(
+                    refused,
+                    EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. }
+                ) {
+                    telemetry::rejected(&caller.tenant_id, "no_capacity");
+                }
+                engine_error(refused)
+            }
+        });
+    };
+    let started_at = now_ms();
+    let queued = arrived.elapsed();
     let include_usage = req.include_usage();
     let streams = req.streams();
     let run = Run {
@@ -290,6 +318,7 @@ async fn handle(
         model: req.model,
         info,
         started_at,
+        queued,
         prompt_tokens,
         permit,
         idempotency,
@@ -317,6 +346,17 @@ async fn handle(
         .await
         .map_err(|_| GatewayError::Engine("the request task ended without an answer".into()))??;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// The request's estimated GPU time in GPU-µs (its cost in the fair
+/// queue): prompt + `out` through the model's profile.
+fn gpu_micros(state: &AppState, model: &str, prompt: u64, out: u64) -> u64 {
+    use rust_decimal::prelude::ToPrimitive;
+    state.engine.simulator().profile(model).map_or(1, |p| {
+        (p.estimated_gpu_seconds(prompt, out) * rust_decimal::Decimal::from(1_000_000))
+            .to_u64()
+            .unwrap_or(u64::MAX)
+    })
 }
 
 /// The request's KV·seconds (MiB·s) for the tenant's cap, from the

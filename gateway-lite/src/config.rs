@@ -83,9 +83,25 @@ pub struct GatewayConfig {
         default_value_t = 86_400
     )]
     pub idempotency_shared_ttl_secs: u64,
+    /// `on`: a request a simulated model cannot admit for its class waits
+    /// in that model's fair queue (priority, then WFQ by tenant weight) up
+    /// to its tenant's wait budget, then 429 `queue_timeout`; `off`: 503
+    /// `no_capacity` at once.
+    #[arg(long, env = "GATEWAY_QUEUE", default_value = "off")]
+    pub queue: Switch,
+    /// Requests each priority level of a model's queue holds (1 to 100000).
+    #[arg(long, env = "GATEWAY_QUEUE_DEPTH", default_value_t = 1_000)]
+    pub queue_depth: usize,
     /// Slow-client bounds and the shutdown grace of the listener.
     #[command(flatten)]
     pub http: serving::HttpSettings,
+}
+
+/// An on/off setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
 }
 
 /// `GATEWAY_LIMITS`.
@@ -155,6 +171,12 @@ impl GatewayConfig {
                     self.redis_prefix
                 )));
             }
+        }
+        if !(1..=100_000).contains(&self.queue_depth) {
+            return Err(GatewayError::Config(format!(
+                "GATEWAY_QUEUE_DEPTH must be between 1 and 100000, got {}",
+                self.queue_depth
+            )));
         }
         if !(60..=86_400).contains(&self.idempotency_shared_ttl_secs) {
             return Err(GatewayError::Config(format!(

@@ -66,6 +66,12 @@ pub enum GatewayError {
     IdempotencyInFlight,
     #[error("this Idempotency-Key was already used with a different request body")]
     IdempotencyMismatch,
+    /// The model's queue for this priority is at its depth (429).
+    #[error("the queue for this model is full at priority {level} ({depth} waiting); retry after the Retry-After interval")]
+    QueueFull { level: u8, depth: usize },
+    /// Waited in the model's queue for the tenant's whole budget (429).
+    #[error("no capacity for this request within its wait budget of {} ms; retry after the Retry-After interval", .0.as_millis())]
+    QueueTimeout(std::time::Duration),
     /// Retries are above their share of the last minute's traffic (503).
     #[error(
         "retries are more than 20% of this gateway's traffic over the last minute; \
@@ -85,7 +91,9 @@ impl GatewayError {
             Self::Outbox(_) | Self::NoCapacity(_) | Self::Draining | Self::RetryBudget => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::RateLimited(_) | Self::QueueFull { .. } | Self::QueueTimeout(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Self::IdempotencyInFlight => StatusCode::CONFLICT,
             Self::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
@@ -114,6 +122,8 @@ impl GatewayError {
             Self::NoCapacity(_) => ("server_error", Some("no_capacity")),
             Self::Draining => ("server_error", Some("draining")),
             Self::RetryBudget => ("server_error", Some("retry_budget_exhausted")),
+            Self::QueueFull { .. } => ("queue", Some("queue_full")),
+            Self::QueueTimeout(_) => ("queue", Some("queue_timeout")),
             Self::Timeout(_) => ("timeout", Some("request_timeout")),
             Self::RateLimited(r) => (r.limit.as_str(), Some("rate_limit_exceeded")),
             Self::IdempotencyInFlight => ("invalid_request_error", Some("idempotency_key_in_use")),
@@ -167,6 +177,9 @@ impl IntoResponse for GatewayError {
             }
             Self::RateLimited(r) => Some(crate::limits::RetryAfter::rate_limited(r.wait)),
             Self::RetryBudget => Some(crate::limits::RetryAfter::no_capacity()),
+            Self::QueueFull { .. } | Self::QueueTimeout(_) => Some(
+                crate::limits::RetryAfter::rate_limited(std::time::Duration::from_secs(1)),
+            ),
             _ => None,
         };
         if let Some(after) = retry_after {

@@ -19,6 +19,8 @@
 //! Layout:
 //! - [`chat`]: the `/v1` handlers (validation, idempotency, admission)
 //! - [`metering`]: an admitted request until its one usage event (streaming too)
+//! - [`admission_queue`]: requests wait for a simulated model's capacity in
+//!   its fair queue (`GATEWAY_QUEUE=on`)
 //! - [`limits`]: requests/min and tokens/min per key and model, requests/s,
 //!   concurrency and KV·seconds per tenant — shared by every gateway
 //! - [`cluster`]: the Redis the gateways share, their liveness, the limits' mode
@@ -33,6 +35,7 @@
 //! - [`state`]: what every handler shares
 //! - [`service`], [`config`], [`error`], [`telemetry`]: the process around it
 
+pub mod admission_queue;
 pub mod chat;
 pub mod cluster;
 pub mod config;

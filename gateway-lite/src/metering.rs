@@ -46,6 +46,8 @@ pub struct Run {
     pub model: String,
     pub info: ModelInfo,
     pub started_at: DateTime<Utc>,
+    /// How long it waited in the model's fair queue before the engine took it.
+    pub queued: std::time::Duration,
     pub prompt_tokens: u64,
     pub permit: Permit,
     pub idempotency: Option<Guard>,
@@ -310,18 +312,25 @@ impl Run {
         }
         crate::telemetry::record_request(&self.caller.tenant_id, &self.model, &event);
         let speedup = i64::from(self.state.speedup.max(1));
+        // What the client saw: the queue wait, then the engine's time
+        // (the simulator may run faster than real time).
+        let queued = self.queued.as_millis() as u64 * speedup as u64;
         self.state.slo.record(
             &self.caller.tenant_id,
             self.caller.slo,
-            event.ttft_ms.map(|ms| ms.max(0) as u64),
-            // In the engine's time, like its TTFT (the simulator may run faster).
+            event.ttft_ms.map(|ms| ms.max(0) as u64 + queued),
             ((event.finished_at - event.started_at)
                 .num_milliseconds()
                 .max(0)
-                * speedup) as u64,
+                * speedup) as u64
+                + queued,
             event.finish_reason == FinishReason::Error,
             Instant::now(),
         );
+        if let Some(queues) = &self.state.queues {
+            // Its KV is free: the next in line may fit now.
+            queues.wake(&self.model);
+        }
         if let Some(ms) = event.tpot_ms.filter(|ms| *ms > 0) {
             let tpot = std::time::Duration::from_millis(ms as u64);
             self.state.tpot.record(&self.model, tpot, Instant::now());

@@ -173,6 +173,11 @@ pub async fn run(
         .iter()
         .map(|r| r.config.model.clone())
         .collect();
+    let upstreams_models: Vec<(String, bool)> = upstreams
+        .models()
+        .iter()
+        .map(|m| (m.name.clone(), m.remote))
+        .collect();
     for m in upstreams.models() {
         tracing::info!(model = %m.name, remote = m.remote, replica = %m.replica_id, "serving model");
     }
@@ -216,6 +221,13 @@ pub async fn run(
         readiness: Readiness::default(),
         gpu_ledger: (config.limits == LimitsMode::Shared).then(|| gpu_ledger.clone()),
         slo: Arc::default(),
+        queues: (config.queue == crate::config::Switch::On).then(|| {
+            let simulated = upstreams_models.iter().filter(|(_, remote)| !remote);
+            crate::admission_queue::Queues::new(
+                simulated.map(|(m, _)| m.clone()),
+                config.queue_depth,
+            )
+        }),
     };
     let runs = state.runs.clone();
     // Fail readiness first, keep accepting while the load balancer notices,

@@ -103,6 +103,10 @@ pub fn describe() {
         "A tenant's TTFT and end-to-end latency over the last 60 s, nearest-rank p50/p95/p99, in the engine's time"
     );
     metrics::describe_gauge!(
+        "gateway_queue_depth",
+        "Requests waiting in a simulated model's fair queue (GATEWAY_QUEUE=on), at the last enqueue"
+    );
+    metrics::describe_gauge!(
         "gateway_peers",
         "Gateways alive at the last heartbeat in Redis, this one included"
     );
@@ -220,6 +224,11 @@ pub fn slo(windows: &fleet::slo::Windows, now: std::time::Instant) {
             }
         }
     }
+}
+
+/// Requests waiting in `model`'s fair queue.
+pub fn queued(model: &str, depth: usize) {
+    gauge!("gateway_queue_depth", "model" => model.to_owned()).set(depth as f64);
 }
 
 pub fn limits_mode(mode: &'static str) {

@@ -16,6 +16,8 @@ pub struct Caller {
     pub tenant_id: String,
     pub api_key_id: String,
     pub priority: i16,
+    /// The tenant's weight in its priority level's fair queue.
+    pub weight: u32,
     /// The tenant's cap on concurrent in-flight requests, all keys together.
     pub max_concurrency: Option<u32>,
     /// The tenant's cap on KV·seconds in flight, all keys together, in MiB·s.
@@ -71,6 +73,7 @@ struct KeyRow {
     tenant_id: String,
     api_key_id: String,
     priority: i16,
+    wfq_weight: i32,
     max_concurrency: Option<i32>,
     max_kv_gib_seconds: Option<i64>,
     slo_ttft_p95_ms: Option<i32>,
@@ -123,7 +126,7 @@ impl Registry {
     /// Reloads every active key from Postgres.
     pub async fn refresh(&self, pool: &PgPool) -> Result<usize, sqlx::Error> {
         let rows: Vec<KeyRow> = sqlx::query_as(
-            "SELECT k.key_hash, k.tenant_id, k.api_key_id, t.priority, t.max_concurrency,
+            "SELECT k.key_hash, k.tenant_id, k.api_key_id, t.priority, t.wfq_weight, t.max_concurrency,
                     t.max_kv_gib_seconds, t.slo_ttft_p95_ms, t.slo_e2e_p95_ms,
                     t.slo_availability_bp, t.requests_per_second, t.burst
              FROM api_keys k
@@ -164,6 +167,7 @@ impl Registry {
                 Caller {
                     api_key_id: row.api_key_id,
                     priority: row.priority,
+                    weight: positive_u32(Some(row.wfq_weight)).unwrap_or(1),
                     max_concurrency: positive_u32(row.max_concurrency),
                     max_kv_mib_seconds: positive(row.max_kv_gib_seconds)
                         .map(|g| g.saturating_mul(1024)),

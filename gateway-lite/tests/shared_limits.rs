@@ -33,6 +33,7 @@ fn caller(rpm: Option<u32>, conc: Option<u32>) -> Caller {
         tenant_id: "t".into(),
         api_key_id: "k".into(),
         priority: 3,
+        weight: 1,
         max_concurrency: conc,
         max_kv_mib_seconds: None,
         slo: Default::default(),

@@ -1054,6 +1054,7 @@ mod tests {
             tenant_id: "t".into(),
             api_key_id: "k".into(),
             priority: 3,
+            weight: 1,
             max_concurrency: conc,
             max_kv_mib_seconds: None,
             slo: Default::default(),
