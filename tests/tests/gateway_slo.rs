@@ -11,6 +11,18 @@ use tests::TestStack;
 const KEY: &str = "sk-test-slo-0001";
 const OTHER: &str = "sk-test-slo-other-0001";
 
+/// `GET /v1/slo` with `key`.
+async fn slo_window(client: &reqwest::Client, url: &str, key: &str) -> Value {
+    let res = client
+        .get(format!("{url}/v1/slo"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    res.json().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slo_window_is_reported_per_tenant() {
     let stack = TestStack::new("gwslo").await;
@@ -45,15 +57,7 @@ async fn the_slo_window_is_reported_per_tenant() {
     assert_eq!(send(long, KEY).await.unwrap().status(), 200);
     assert_eq!(send("other".into(), OTHER).await.unwrap().status(), 200);
 
-    let window: Value = client
-        .get(format!("{url}/v1/slo"))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let window = slo_window(&client, &url, KEY).await;
     assert_eq!(window["tenant"], "slo", "{window}");
     assert_eq!(window["requests"], 4, "its own requests only: {window}");
     assert_eq!(window["objectives"]["ttft_p95_ms"], 100);
@@ -61,15 +65,7 @@ async fn the_slo_window_is_reported_per_tenant() {
     assert_eq!(window["compliance"]["e2e"], 1.0);
     assert_eq!(window["compliance"]["availability"], 1.0);
     assert!(window["ttft"]["p95_ms"].as_u64().unwrap() > 100, "{window}");
-    let other: Value = client
-        .get(format!("{url}/v1/slo"))
-        .bearer_auth(OTHER)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let other = slo_window(&client, &url, OTHER).await;
     assert_eq!(other["tenant"], "slo-other");
     assert_eq!(other["requests"], 1);
     assert!(

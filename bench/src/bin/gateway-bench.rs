@@ -76,20 +76,7 @@ async fn main() -> anyhow::Result<()> {
     let engine_url = serve_engine(0, plain).await?;
     let paced_url = serve_engine(1, plain).await?;
     let registry = Registry::default();
-    registry.insert(
-        KEY,
-        Caller {
-            tenant_id: "bench".into(),
-            api_key_id: "key_bench".into(),
-            priority: 5,
-            weight: 1,
-            max_concurrency: None,
-            max_kv_mib_seconds: None,
-            slo: Default::default(),
-            rate: None,
-            limits: Arc::new(HashMap::new()),
-        },
-    );
+    registry.insert(KEY, bench_caller());
     let outbox = Outbox::open(&dir.join("outbox"))?;
     let remote = vec![
         remote_model(HTTP, &engine_url),
@@ -249,18 +236,14 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
     registry.insert(
         KEY,
         Caller {
-            tenant_id: "bench".into(),
-            api_key_id: "key_bench".into(),
-            priority: 5,
-            weight: 1,
             max_concurrency: Some(10_000),
             max_kv_mib_seconds: Some(1 << 40),
-            slo: Default::default(),
             rate: Some(gateway_lite::limits::RequestRate {
                 per_second: 20_000,
                 burst: 2_000,
             }),
             limits: Arc::new(HashMap::from([("*".to_owned(), model_limits)])),
+            ..bench_caller()
         },
     );
     let global = Some(gateway_lite::limits::RequestRate {
@@ -397,6 +380,21 @@ async fn max_sustained(client: &reqwest::Client, url: &str, secs: u64) -> anyhow
         total += t.await?;
     }
     Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The benchmark's caller: priority 5, no limits.
+fn bench_caller() -> Caller {
+    Caller {
+        tenant_id: "bench".into(),
+        api_key_id: "key_bench".into(),
+        priority: 5,
+        weight: 1,
+        max_concurrency: None,
+        max_kv_mib_seconds: None,
+        slo: Default::default(),
+        rate: None,
+        limits: Arc::new(HashMap::new()),
+    }
 }
 
 fn request(i: u64) -> CompletionRequest {
