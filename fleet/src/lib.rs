@@ -8,16 +8,21 @@
 //! - [`pool`]: the replicas of a model and power-of-two-choices routing on
 //!   KV headroom (the router's own in-flight accounting on top of the last
 //!   report), class thresholds, dedicated replicas and lending;
+//! - [`preempt`]: whom a priority-5 request may preempt (lower priority,
+//!   not streamed, off a replica's 5 s cooldown, chains of depth 2 at most);
+//! - [`ladder`]: each priority's share of its rate under saturation (the
+//!   degradation ladder) and SLO pressure (capacity borrowing);
 //! - [`slo`]: a tenant's typed objectives and the sliding 60 s window of
 //!   its TTFT and end-to-end latency (percentiles, compliance ratios).
 //!
-//! Not yet: the queue and the pool on the gateway's request path (the
-//! simulator still runs one replica per model), reserved floors,
-//! preemption, capacity borrowing and the degradation
-//! ladder (issue #16); the gateway reports the SLO windows but does not
-//! use the queue on its request path yet.
+//! On the gateway's request path so far: the queue (`GATEWAY_QUEUE=on`) and
+//! the SLO windows. Not yet: the pool's routing (the simulator still runs
+//! one replica per model), reserved floors, and acting on preemption plans
+//! and the ladder (issue #16).
 
+pub mod ladder;
 pub mod pool;
+pub mod preempt;
 pub mod queue;
 pub mod slo;
 

@@ -1,0 +1,224 @@
+//! Priority preemption: when a priority-5 request cannot start within its
+//! TTFT objective on any eligible replica, one replica gives up its
+//! lowest-priority request in flight — its partial work is discarded (the
+//! GPU time stays on it as `preempted_gpu_seconds`) and it goes back to its
+//! own queue, so its client sees delay, not failure.
+//!
+//! [`choose`] decides *whom*; the caller decides *when* and carries it out.
+//! The rules:
+//! - only a request of lower priority than the preemptor;
+//! - never one that has already streamed tokens to its client;
+//! - never on a replica that preempted in the last [`COOLDOWN`];
+//! - chains stop at depth [`MAX_DEPTH`]: a fresh request has depth 0, a
+//!   request re-queued by a preemption the preemptor's depth + 1, and only
+//!   a request below the maximum depth may preempt;
+//! - of the candidates, the lowest priority, then the least GPU time lost.
+
+use std::time::{Duration, Instant};
+
+/// A replica that just preempted is immune this long.
+pub const COOLDOWN: Duration = Duration::from_secs(5);
+/// The deepest a chain of preemptions goes.
+pub const MAX_DEPTH: u8 = 2;
+
+/// A request running on a replica, as preemption sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    pub id: u64,
+    pub tenant: String,
+    pub priority: i16,
+    /// It has sent tokens to its client.
+    pub streamed: bool,
+    /// GPU-µs it has used so far (what preempting it throws away).
+    pub gpu_micros: u64,
+}
+
+/// A replica: when it last preempted, and what runs on it.
+#[derive(Debug, Clone, Default)]
+pub struct Replica {
+    pub last_preempted: Option<Instant>,
+    pub running: Vec<Running>,
+}
+
+/// The request that cannot start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preemptor {
+    pub priority: i16,
+    /// 0 for a fresh request; a re-queued one carries its chain depth.
+    pub depth: u8,
+}
+
+/// What to preempt: on replica `replica`, request `victim`; it is
+/// re-queued with chain depth `victim_depth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub replica: usize,
+    pub victim: u64,
+    pub victim_depth: u8,
+}
+
+/// The victim for `p` among `replicas` at `now`, if the rules allow one.
+pub fn choose(replicas: &[Replica], p: Preemptor, now: Instant) -> Option<Plan> {
+    if p.depth >= MAX_DEPTH {
+        return None;
+    }
+    replicas
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            r.last_preempted
+                .is_none_or(|at| now.saturating_duration_since(at) >= COOLDOWN)
+        })
+        .flat_map(|(i, r)| r.running.iter().map(move |v| (i, v)))
+        .filter(|(_, v)| v.priority < p.priority && !v.streamed)
+        .min_by_key(|(i, v)| (v.priority, v.gpu_micros, *i, v.id))
+        .map(|(i, v)| Plan {
+            replica: i,
+            victim: v.id,
+            victim_depth: p.depth + 1,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use super::*;
+    use proptest::prelude::*;
+
+    fn running(id: u64, priority: i16, streamed: bool, gpu: u64) -> Running {
+        Running {
+            id,
+            tenant: format!("t{priority}"),
+            priority,
+            streamed,
+            gpu_micros: gpu,
+        }
+    }
+
+    #[test]
+    fn the_lowest_priority_unstreamed_request_off_cooldown_with_least_lost() {
+        let now = Instant::now();
+        let replicas = vec![
+            Replica {
+                last_preempted: Some(now - Duration::from_secs(1)),
+                running: vec![running(1, 1, false, 10)],
+            },
+            Replica {
+                last_preempted: None,
+                running: vec![
+                    running(2, 1, true, 5),
+                    running(3, 2, false, 500),
+                    running(4, 2, false, 50),
+                ],
+            },
+        ];
+        let fresh = Preemptor {
+            priority: 5,
+            depth: 0,
+        };
+        // 1 is on a replica in its cooldown, 2 has streamed: 4 (P2, least lost).
+        assert_eq!(
+            choose(&replicas, fresh, now),
+            Some(Plan {
+                replica: 1,
+                victim: 4,
+                victim_depth: 1
+            })
+        );
+        // Out of the cooldown, the P1 on replica 0 goes first.
+        let later = now + Duration::from_secs(5);
+        assert_eq!(choose(&replicas, fresh, later).unwrap().victim, 1);
+        // A chain stops at depth 2; never an equal or higher priority.
+        assert_eq!(
+            choose(
+                &replicas,
+                Preemptor {
+                    priority: 5,
+                    depth: 2
+                },
+                later
+            ),
+            None
+        );
+        assert_eq!(
+            choose(
+                &replicas,
+                Preemptor {
+                    priority: 1,
+                    depth: 0
+                },
+                later
+            ),
+            None
+        );
+        assert_eq!(
+            choose(
+                &replicas,
+                Preemptor {
+                    priority: 3,
+                    depth: 1
+                },
+                later
+            )
+            .unwrap()
+            .victim_depth,
+            2
+        );
+    }
+
+    proptest! {
+        /// Whatever runs where: a plan always respects every rule, and a
+        /// plan is found whenever some request qualifies.
+        #[test]
+        fn a_plan_keeps_every_rule_and_exists_when_a_candidate_does(
+            shape in proptest::collection::vec(
+                (proptest::option::of(0u64..10), proptest::collection::vec((1i16..=5, any::<bool>(), 0u64..1000), 0..6)),
+                1..6,
+            ),
+            priority in 1i16..=5,
+            depth in 0u8..4,
+        ) {
+            let now = Instant::now() + Duration::from_secs(100);
+            let mut id = 0;
+            let replicas: Vec<Replica> = shape
+                .iter()
+                .map(|(ago, rs)| Replica {
+                    last_preempted: ago.map(|s| now - Duration::from_secs(s)),
+                    running: rs
+                        .iter()
+                        .map(|(p, streamed, gpu)| {
+                            id += 1;
+                            running(id, *p, *streamed, *gpu)
+                        })
+                        .collect(),
+                })
+                .collect();
+            let p = Preemptor { priority, depth };
+            let qualifies = |r: &Replica, v: &Running| {
+                r.last_preempted.is_none_or(|at| now - at >= COOLDOWN)
+                    && v.priority < priority
+                    && !v.streamed
+            };
+            let any = depth < MAX_DEPTH
+                && replicas.iter().any(|r| r.running.iter().any(|v| qualifies(r, v)));
+            match choose(&replicas, p, now) {
+                None => prop_assert!(!any),
+                Some(plan) => {
+                    let r = &replicas[plan.replica];
+                    let v = r.running.iter().find(|v| v.id == plan.victim).unwrap();
+                    prop_assert!(qualifies(r, v));
+                    prop_assert!(plan.victim_depth <= MAX_DEPTH && depth < MAX_DEPTH);
+                    // No qualifying request of lower priority anywhere.
+                    for r2 in &replicas {
+                        for v2 in &r2.running {
+                            if qualifies(r2, v2) {
+                                prop_assert!(v2.priority >= v.priority);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
