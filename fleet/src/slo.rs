@@ -125,6 +125,27 @@ pub struct Report {
     /// Share of requests that did not fail.
     pub availability: Option<f64>,
     pub slo: Slo,
+    /// The tenant's priority.
+    pub priority: i16,
+}
+
+impl Report {
+    /// How close the window's p95 is to its objective, per mille (the
+    /// worse of TTFT and end-to-end; 1,000 = at the objective); `None`
+    /// without an objective or without requests.
+    pub fn pressure_permille(&self) -> Option<u32> {
+        let ratio = |p: Option<Percentiles>, objective: Option<u32>| {
+            let (p, o) = (p?, objective?);
+            Some(u32::try_from(p.p95 * 1_000 / u64::from(o.max(1))).unwrap_or(u32::MAX))
+        };
+        match (
+            ratio(self.ttft, self.slo.ttft_p95_ms),
+            ratio(self.e2e, self.slo.e2e_p95_ms),
+        ) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0).max(b.unwrap_or(0))),
+        }
+    }
 }
 
 /// The nearest-rank percentile of sorted `v` (not empty).
@@ -157,24 +178,29 @@ struct Sample {
 /// Every tenant's window.
 #[derive(Debug, Default)]
 pub struct Windows {
-    /// Tenant → its objectives (as of its latest request) and its samples.
-    tenants: Mutex<HashMap<String, (Slo, VecDeque<Sample>)>>,
+    /// Tenant → its objectives and priority (as of its latest request) and
+    /// its samples.
+    tenants: Mutex<HashMap<String, (Slo, i16, VecDeque<Sample>)>>,
 }
 
 impl Windows {
-    /// A request of `tenant` (whose objectives are `slo`) ended at `now`.
+    /// A request of `tenant` (whose objectives are `slo`, at `priority`)
+    /// ended at `now`.
+    #[allow(clippy::too_many_arguments, reason = "one sample's fields")]
     pub fn record(
         &self,
         tenant: &str,
         slo: Slo,
+        priority: i16,
         ttft_ms: Option<u64>,
         e2e_ms: u64,
         failed: bool,
         now: Instant,
     ) {
         let mut tenants = self.tenants.lock().unwrap_or_else(PoisonError::into_inner);
-        let (objectives, w) = tenants.entry(tenant.to_owned()).or_default();
+        let (objectives, level, w) = tenants.entry(tenant.to_owned()).or_default();
         *objectives = slo;
+        *level = priority;
         w.push_back(Sample {
             at: now,
             ttft_ms,
@@ -197,17 +223,17 @@ impl Windows {
 
     /// `tenant`'s window at `now`, measured against its objectives.
     pub fn report(&self, tenant: &str, now: Instant) -> Report {
-        let (slo, samples): (Slo, Vec<Sample>) = {
+        let (slo, priority, samples): (Slo, i16, Vec<Sample>) = {
             let tenants = self.tenants.lock().unwrap_or_else(PoisonError::into_inner);
             tenants
                 .get(tenant)
-                .map(|(slo, w)| {
+                .map(|(slo, priority, w)| {
                     let recent = w
                         .iter()
                         .filter(|s| now.saturating_duration_since(s.at) <= WINDOW)
                         .copied()
                         .collect();
-                    (*slo, recent)
+                    (*slo, *priority, recent)
                 })
                 .unwrap_or_default()
         };
@@ -234,6 +260,7 @@ impl Windows {
             e2e_compliance,
             availability: share(samples.iter().filter(|s| !s.failed).count(), n),
             slo,
+            priority,
         }
     }
 }
@@ -285,7 +312,15 @@ mod tests {
         let slo = Slo::new(Some(200), Some(500), Some("99.0"), false).unwrap();
         for i in 0..100u64 {
             // TTFT 10..=1000 ms: 20 of 100 within 200 ms; e2e 300 + 10 i.
-            w.record("acme", slo, Some(10 * (i + 1)), 300 + 10 * i, i == 99, t0);
+            w.record(
+                "acme",
+                slo,
+                5,
+                Some(10 * (i + 1)),
+                300 + 10 * i,
+                i == 99,
+                t0,
+            );
         }
         let r = w.report("acme", t0);
         assert_eq!(r.requests, 100);
@@ -293,6 +328,8 @@ mod tests {
         assert_eq!(r.e2e_compliance, Some(0.21), "300..=500 ms: 21 of 100");
         assert_eq!(r.availability, Some(0.99));
         assert_eq!(r.ttft.unwrap().p95, 950);
+        // p95 TTFT 950 ms against 200 ms; e2e p95 1,240 ms against 500 ms.
+        assert_eq!(r.pressure_permille(), Some(4_750));
         let later = w.report("acme", t0 + WINDOW + Duration::from_secs(1));
         assert_eq!(later.requests, 0);
         assert_eq!(later.ttft, None);
@@ -309,7 +346,7 @@ mod tests {
             let w = Windows::default();
             let t0 = Instant::now();
             for e2e in &v {
-                w.record("t", Slo::default(), Some(*e2e / 2), *e2e, false, t0);
+                w.record("t", Slo::default(), 3, Some(*e2e / 2), *e2e, false, t0);
             }
             let mut sorted = v.clone();
             sorted.sort_unstable();

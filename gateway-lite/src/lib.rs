@@ -21,6 +21,8 @@
 //! - [`metering`]: an admitted request until its one usage event (streaming too)
 //! - [`admission_queue`]: requests wait for a simulated model's capacity in
 //!   its fair queue (`GATEWAY_QUEUE=on`)
+//! - [`ladder`]: each priority's share of its rate under saturation and SLO
+//!   pressure (`GATEWAY_QUEUE=on`)
 //! - [`limits`]: requests/min and tokens/min per key and model, requests/s,
 //!   concurrency and KV·seconds per tenant — shared by every gateway
 //! - [`cluster`]: the Redis the gateways share, their liveness, the limits' mode
@@ -42,6 +44,7 @@ pub mod config;
 pub mod error;
 pub mod gpu_ledger;
 pub mod idempotency;
+pub mod ladder;
 pub mod limits;
 pub mod metering;
 pub mod outbox;

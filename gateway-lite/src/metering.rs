@@ -318,6 +318,7 @@ impl Run {
         self.state.slo.record(
             &self.caller.tenant_id,
             self.caller.slo,
+            self.caller.priority,
             event.ttft_ms.map(|ms| ms.max(0) as u64 + queued),
             ((event.finished_at - event.started_at)
                 .num_milliseconds()

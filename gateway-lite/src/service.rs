@@ -181,7 +181,12 @@ pub async fn run(
     for m in upstreams.models() {
         tracing::info!(model = %m.name, remote = m.remote, replica = %m.replica_id, "serving model");
     }
-    let limiter = Limiter::new(config.global_rate(), cluster.clone());
+    let fair = config.queue == crate::config::Switch::On;
+    let ladder = fair.then(crate::ladder::Ladder::new);
+    let mut limiter = Limiter::new(config.global_rate(), cluster.clone());
+    if let Some(ladder) = &ladder {
+        limiter = limiter.with_ladder(ladder.clone());
+    }
     // One round before serving, so a gateway starts shared when Redis is up
     // (and local, without waiting, when it is not).
     limiter.renew(true).await;
@@ -221,14 +226,39 @@ pub async fn run(
         readiness: Readiness::default(),
         gpu_ledger: (config.limits == LimitsMode::Shared).then(|| gpu_ledger.clone()),
         slo: Arc::default(),
-        queues: (config.queue == crate::config::Switch::On).then(|| {
+        queues: fair.then(|| {
             let simulated = upstreams_models.iter().filter(|(_, remote)| !remote);
             crate::admission_queue::Queues::new(
                 simulated.map(|(m, _)| m.clone()),
                 config.queue_depth,
             )
         }),
+        ladder,
     };
+    if let (Some(ladder), Some(queues)) = (state.ladder.clone(), state.queues.clone()) {
+        let (engine, slo) = (state.engine.clone(), state.slo.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::ladder::EVERY);
+            loop {
+                tick.tick().await;
+                let snapshots = engine.simulator().snapshots();
+                let models: Vec<(String, Vec<f64>, usize)> = engine
+                    .models()
+                    .iter()
+                    .filter(|m| queues.serves(&m.name))
+                    .map(|m| {
+                        let kv = snapshots
+                            .iter()
+                            .filter(|s| s.model == m.name)
+                            .map(|s| s.kv_usage)
+                            .collect();
+                        (m.name.clone(), kv, queues.depth_from(&m.name, 3))
+                    })
+                    .collect();
+                ladder.evaluate(&models, &slo, std::time::Instant::now());
+            }
+        });
+    }
     let runs = state.runs.clone();
     // Fail readiness first, keep accepting while the load balancer notices,
     // then stop accepting (serving drains what is in flight).

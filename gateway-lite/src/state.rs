@@ -37,6 +37,8 @@ pub struct AppState {
     pub gpu_ledger: Option<crate::gpu_ledger::RedisLedger>,
     /// Every tenant's last 60 s of TTFT and end-to-end latency, against its SLO.
     pub slo: Arc<fleet::slo::Windows>,
+    /// Each priority's share of its rate (`GATEWAY_QUEUE=on`).
+    pub ladder: Option<crate::ladder::Ladder>,
     /// The simulated models' fair queues (`GATEWAY_QUEUE=on`).
     pub queues: Option<crate::admission_queue::Queues>,
     /// What `/readyz` answers; drained on SIGTERM.

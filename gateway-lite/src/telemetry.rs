@@ -103,6 +103,14 @@ pub fn describe() {
         "A tenant's TTFT and end-to-end latency over the last 60 s, nearest-rank p50/p95/p99, in the engine's time"
     );
     metrics::describe_gauge!(
+        "gateway_priority_rate_percent",
+        "Share of its requests/s each priority keeps (the degradation ladder and capacity borrowing; GATEWAY_QUEUE=on)"
+    );
+    metrics::describe_gauge!(
+        "gateway_pool_saturated",
+        "1 while a simulated model's replica is past 85% of KV with its queue not shrinking"
+    );
+    metrics::describe_gauge!(
         "gateway_queue_depth",
         "Requests waiting in a simulated model's fair queue (GATEWAY_QUEUE=on), at the last enqueue"
     );
@@ -229,6 +237,15 @@ pub fn slo(windows: &fleet::slo::Windows, now: std::time::Instant) {
 /// Requests waiting in `model`'s fair queue.
 pub fn queued(model: &str, depth: usize) {
     gauge!("gateway_queue_depth", "model" => model.to_owned()).set(depth as f64);
+}
+
+/// The ladder's shares and whether a pool is saturated.
+pub fn ladder(percent: &[u32; 5], saturated: bool) {
+    for (i, p) in percent.iter().enumerate() {
+        gauge!("gateway_priority_rate_percent", "priority" => (i + 1).to_string())
+            .set(f64::from(*p));
+    }
+    gauge!("gateway_pool_saturated").set(if saturated { 1.0 } else { 0.0 });
 }
 
 pub fn limits_mode(mode: &'static str) {

@@ -59,6 +59,7 @@ async fn start() -> Gateway {
         retry_budget: Default::default(),
         gpu_ledger: None,
         queues: None,
+        ladder: None,
         slo: Default::default(),
         idempotency: Idempotency::new(outbox, gateway_lite::cluster::Cluster::local("gw-test")),
         runs: tokio_util::task::TaskTracker::new(),

@@ -110,3 +110,161 @@ async fn a_full_replica_queues_and_a_freed_one_takes_the_next_in_line() {
     let rows = wait_for_log(&stack, "flood", ran, &[&gateway, &ingest]).await;
     assert!(rows.values().all(|r| r.0 == "cancelled"), "{rows:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_pool_refuses_priority_one_until_it_recovers() {
+    let stack = TestStack::new("gwladder").await;
+    let limits = TenantLimits {
+        rpm: Some(100_000),
+        tpm: Some(100_000_000),
+        ..Default::default()
+    };
+    const STANDARD: &str = "sk-test-ladder-std";
+    const LOW: &str = "sk-test-ladder-p1";
+    seed_tenant(&stack, "ladder-std", STANDARD, limits).await;
+    seed_tenant(&stack, "ladder-p1", LOW, limits).await;
+    // A standard tenant (admitted below 85% of KV) and a priority-1 one
+    // with a requests/s bucket (the ladder scales that bucket).
+    for sql in [
+        "UPDATE tenants SET priority = 3 WHERE tenant_id = 'ladder-std'",
+        "UPDATE tenants SET priority = 1, requests_per_second = 50, burst = 50
+             WHERE tenant_id = 'ladder-p1'",
+    ] {
+        sqlx::query(sql).execute(&stack.pool).await.unwrap();
+    }
+    let (gateway, url) = start_gateway_with(&stack, 1, &[("GATEWAY_QUEUE", "on".into())]).await;
+    let client = reqwest::Client::new();
+    let chat = format!("{url}/v1/chat/completions");
+    let small = || json!({"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let p1 = client
+        .post(&chat)
+        .bearer_auth(LOW)
+        .json(&small())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(p1.status(), 200, "not saturated yet");
+
+    // The standard flood fills the replica past 85% and queues behind it.
+    let mut held = Vec::new();
+    for i in 0..40 {
+        let started = Instant::now();
+        let res = client
+            .post(&chat)
+            .bearer_auth(STANDARD)
+            .json(&long(i))
+            .send()
+            .await
+            .unwrap();
+        if res.status() != 200 {
+            assert_eq!(res.status(), 429, "{}", res.text().await.unwrap());
+            assert!(started.elapsed() >= Duration::from_millis(1_900));
+            break;
+        }
+        held.push(res);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Four clients keep standard requests waiting behind it (each sent
+    // again when its wait budget ends), so the queue does not shrink.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let waiting: Vec<_> = (0..4)
+        .map(|i| {
+            let (client, chat, stop) = (client.clone(), chat.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let res = client
+                        .post(&chat)
+                        .bearer_auth(STANDARD)
+                        .json(&long(100 + i))
+                        .send()
+                        .await;
+                    if let Ok(res) = res {
+                        if res.status() == 200 {
+                            return Some(res);
+                        }
+                    }
+                }
+                None
+            })
+        })
+        .collect();
+    // Within a tick or two the ladder sees the pool saturated: priority 1
+    // is refused at once (429 `degraded`, not after waiting in the queue),
+    // and says so on /metrics.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        // A probe the replica admits may wait behind the long prefills:
+        // give up on it quickly (it is cancelled) and probe again.
+        let probe = client
+            .post(&chat)
+            .bearer_auth(LOW)
+            .json(&small())
+            .timeout(Duration::from_millis(500))
+            .send()
+            .await;
+        if let Ok(res) = probe {
+            if res.status() == 429 {
+                let v: Value = res.json().await.unwrap();
+                if v["error"]["type"] == "degraded" {
+                    break v;
+                }
+                assert_eq!(v["error"]["code"], "queue_timeout", "{v}");
+            }
+        }
+        if Instant::now() >= deadline {
+            let m = tests::gateway::metrics(&url).await;
+            let ladder: Vec<&str> = m
+                .lines()
+                .filter(|l| {
+                    l.starts_with("gateway_pool_saturated")
+                        || l.starts_with("gateway_priority_rate_percent")
+                        || l.starts_with("gateway_queue_depth")
+                })
+                .collect();
+            panic!("never refused: {ladder:?}\n{}", gateway.log_tail());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("saturated"),
+        "{refused}"
+    );
+    // /metrics says so too (at its next look, if a queued client was just
+    // between two attempts).
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let m = tests::gateway::metrics(&url).await;
+        let saturated = m.lines().any(|l| l == "gateway_pool_saturated 1")
+            && m.lines()
+                .any(|l| l == "gateway_priority_rate_percent{priority=\"1\"} 0");
+        if saturated {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The flood's clients leave and the queue drains: priority 1 is back.
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(held);
+    for w in waiting {
+        drop(w.await);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let res = client
+            .post(&chat)
+            .bearer_auth(LOW)
+            .json(&small())
+            .send()
+            .await
+            .unwrap();
+        if res.status() == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "priority 1 never came back");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

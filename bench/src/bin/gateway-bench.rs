@@ -94,6 +94,7 @@ async fn main() -> anyhow::Result<()> {
         retry_budget: Default::default(),
         gpu_ledger: None,
         queues: None,
+        ladder: None,
         slo: Default::default(),
         idempotency: Idempotency::new(
             outbox.clone(),
@@ -281,6 +282,8 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
             retry_budget: Default::default(),
             gpu_ledger: None,
             queues: None,
+            ladder: None,
+        ladder: None,
             slo: Default::default(),
             idempotency: Idempotency::new(outbox, cluster),
             runs: tokio_util::task::TaskTracker::new(),

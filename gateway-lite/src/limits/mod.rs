@@ -53,6 +53,8 @@ pub enum LimitKind {
     Tokens,
     Concurrency,
     KvSeconds,
+    /// The tenant's priority is refused while the pool is saturated.
+    Degraded,
     TenantRequests,
     GlobalRequests,
 }
@@ -64,6 +66,7 @@ impl LimitKind {
             Self::Tokens => "tokens",
             Self::Concurrency => "concurrency",
             Self::KvSeconds => "kv_seconds",
+            Self::Degraded => "degraded",
             Self::TenantRequests => "tenant_requests",
             Self::GlobalRequests => "global_requests",
         }
@@ -404,6 +407,8 @@ pub struct Limiter {
     global: Option<RequestRate>,
     cluster: Cluster,
     scripts: Arc<shared::Scripts>,
+    /// Each priority's share of its requests/s (the fairness layer).
+    ladder: Option<crate::ladder::Ladder>,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -438,7 +443,14 @@ impl Limiter {
             global,
             cluster,
             scripts: Arc::default(),
+            ladder: None,
         }
+    }
+
+    /// Tenants' requests/s scaled by `ladder`'s share for their priority.
+    pub fn with_ladder(mut self, ladder: crate::ladder::Ladder) -> Self {
+        self.ladder = Some(ladder);
+        self
     }
 
     pub fn cluster(&self) -> &Cluster {
@@ -479,9 +491,17 @@ impl Limiter {
             });
         }
         if let Some(r) = caller.rate {
+            let share = self
+                .ladder
+                .as_ref()
+                .map_or(100, |l| l.percent(caller.priority));
+            let scaled = RequestRate {
+                per_second: (u64::from(r.per_second) * u64::from(share) / 100).max(1) as u32,
+                burst: (u64::from(r.burst) * u64::from(share) / 100).max(1) as u32,
+            };
             d.push(Demand {
                 res: Resource::TenantRequests(caller.tenant_id.clone()),
-                shape: Shape::Rate(Rate::requests(r)),
+                shape: Shape::Rate(Rate::requests(scaled)),
                 take: 1.0,
                 message: format!(
                     "rate limit reached for this tenant: {} requests per second, burst {}",
@@ -540,6 +560,20 @@ impl Limiter {
         ask: Ask<'_>,
         at: Option<Instant>,
     ) -> Result<Permit, Rejected> {
+        let degraded = self
+            .ladder
+            .as_ref()
+            .filter(|l| caller.rate.is_some() && l.percent(caller.priority) == 0);
+        if degraded.is_some() {
+            return Err(Rejected {
+                limit: LimitKind::Degraded,
+                wait: Duration::from_secs(1),
+                message: format!(
+                    "the pool is saturated: priority {} is refused until it recovers",
+                    caller.priority
+                ),
+            });
+        }
         let demands = self.demands(caller, &ask);
         for _ in 0..LEASE_TRIES {
             let now = at.unwrap_or_else(Instant::now);

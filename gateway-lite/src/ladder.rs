@@ -1,0 +1,122 @@
+//! The gateway's side of [`fleet::ladder`] (with `GATEWAY_QUEUE=on`): every
+//! second it looks at the simulated models and the SLO windows and sets
+//! each priority's share of its tenants' requests/s bucket.
+//!
+//! - **Saturated**: a simulated model's replica cannot admit the standard
+//!   class — requests of priority 3 or above wait in its fair queue, and
+//!   that queue is not shrinking — while its KV is past the best-effort
+//!   threshold (60%); it stays saturated until that queue is empty. Then priority 1 is refused (429 `degraded`), 2 keeps
+//!   25% of its rate, 3 keeps 50%.
+//! - **SLO pressure**: a tenant whose window's p95 is at 80% of its
+//!   objective or more borrows from the priorities below it, one more
+//!   level each second (1, then 2, then 3; never 4 for a priority-5
+//!   tenant), each at 50% of its rate; given back a level a second once
+//!   its pressure is under 60%.
+//!
+//! The shares apply to the tenant requests/s bucket only (a tenant without
+//! `rateLimit` is not slowed), on this gateway: every gateway computes its
+//! own from what it sees.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use fleet::ladder::{rate_percent, Borrowing};
+
+/// How often the ladder is re-evaluated.
+pub const EVERY: Duration = Duration::from_secs(1);
+/// A replica past this share of its KV counts towards saturation (the
+/// best-effort class's admission threshold: above it only standard and
+/// reserved requests start).
+const SATURATED_KV: f64 = 0.60;
+
+/// Each priority's share of its rate, percent; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Ladder {
+    percent: Arc<[AtomicU32; 5]>,
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for Ladder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ladder")
+            .field("percent", &self.all())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    borrowing: HashMap<String, Borrowing>,
+    /// Each model's queue depth at the last look.
+    depth: HashMap<String, usize>,
+    /// The models found saturated at the last look.
+    saturated: std::collections::HashSet<String>,
+}
+
+impl Ladder {
+    /// Every priority at full rate.
+    pub fn new() -> Self {
+        let ladder = Self::default();
+        for p in ladder.percent.iter() {
+            p.store(100, Ordering::Relaxed);
+        }
+        ladder
+    }
+
+    /// The share of its rate `priority` keeps now, percent.
+    pub fn percent(&self, priority: i16) -> u32 {
+        let i = (priority.clamp(1, 5) - 1) as usize;
+        self.percent[i].load(Ordering::Relaxed)
+    }
+
+    pub fn all(&self) -> [u32; 5] {
+        std::array::from_fn(|i| self.percent[i].load(Ordering::Relaxed))
+    }
+
+    /// One look: `models` are (model, its replicas' KV usage 0–1, how many
+    /// requests of priority 3 or above wait in its queue now); `windows`
+    /// the SLO windows.
+    pub fn evaluate(
+        &self,
+        models: &[(String, Vec<f64>, usize)],
+        windows: &fleet::slo::Windows,
+        now: Instant,
+    ) -> [u32; 5] {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut saturated = false;
+        for (model, kv, depth) in models {
+            let before = st.depth.insert(model.clone(), *depth).unwrap_or(0);
+            let full = !kv.is_empty() && kv.iter().all(|u| *u >= SATURATED_KV);
+            // Saturated when the queue grows or holds; it stays so until
+            // the queue is empty (one dip does not end it).
+            let was = st.saturated.contains(model);
+            let now_saturated = full && *depth > 0 && (*depth >= before || was);
+            if now_saturated {
+                st.saturated.insert(model.clone());
+            } else {
+                st.saturated.remove(model);
+            }
+            saturated |= now_saturated;
+        }
+        for tenant in windows.tenants() {
+            let r = windows.report(&tenant, now);
+            let Some(pressure) = r.pressure_permille() else {
+                st.borrowing.remove(&tenant);
+                continue;
+            };
+            st.borrowing
+                .entry(tenant)
+                .or_insert_with(|| Borrowing::new(r.priority))
+                .update(pressure);
+        }
+        let borrowing: Vec<Borrowing> = st.borrowing.values().copied().collect();
+        let percent = rate_percent(saturated, &borrowing);
+        for (slot, p) in self.percent.iter().zip(percent) {
+            slot.store(p, Ordering::Relaxed);
+        }
+        crate::telemetry::ladder(&percent, saturated);
+        percent
+    }
+}
