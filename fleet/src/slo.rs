@@ -178,9 +178,15 @@ struct Sample {
 /// Every tenant's window.
 #[derive(Debug, Default)]
 pub struct Windows {
-    /// Tenant → its objectives and priority (as of its latest request) and
-    /// its samples.
-    tenants: Mutex<HashMap<String, (Slo, i16, VecDeque<Sample>)>>,
+    tenants: Mutex<HashMap<String, TenantWindow>>,
+}
+
+/// A tenant's objectives and priority (as of its latest request) and its samples.
+#[derive(Debug, Default)]
+struct TenantWindow {
+    slo: Slo,
+    priority: i16,
+    samples: VecDeque<Sample>,
 }
 
 impl Windows {
@@ -198,9 +204,10 @@ impl Windows {
         now: Instant,
     ) {
         let mut tenants = self.tenants.lock().unwrap_or_else(PoisonError::into_inner);
-        let (objectives, level, w) = tenants.entry(tenant.to_owned()).or_default();
-        *objectives = slo;
-        *level = priority;
+        let t = tenants.entry(tenant.to_owned()).or_default();
+        t.slo = slo;
+        t.priority = priority;
+        let w = &mut t.samples;
         w.push_back(Sample {
             at: now,
             ttft_ms,
@@ -227,13 +234,14 @@ impl Windows {
             let tenants = self.tenants.lock().unwrap_or_else(PoisonError::into_inner);
             tenants
                 .get(tenant)
-                .map(|(slo, priority, w)| {
-                    let recent = w
+                .map(|t| {
+                    let recent = t
+                        .samples
                         .iter()
                         .filter(|s| now.saturating_duration_since(s.at) <= WINDOW)
                         .copied()
                         .collect();
-                    (*slo, *priority, recent)
+                    (t.slo, t.priority, recent)
                 })
                 .unwrap_or_default()
         };
