@@ -283,7 +283,6 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
             gpu_ledger: None,
             queues: None,
             ladder: None,
-        ladder: None,
             slo: Default::default(),
             idempotency: Idempotency::new(outbox, cluster),
             runs: tokio_util::task::TaskTracker::new(),
