@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -73,9 +73,21 @@ pub async fn models(
 /// fractions (null without requests or without that objective).
 pub async fn slo(
     State(state): State<AppState>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<Json<Value>, GatewayError> {
     let caller = authenticate(&state, &headers)?;
+    // Nothing to choose: a key sees its own tenant's window. A parameter
+    // (`?tenant=…`) is refused, never ignored.
+    if let Some(q) = query.filter(|q| !q.is_empty()) {
+        let name = q.split(['=', '&']).next().unwrap_or(&q).to_owned();
+        return Err(GatewayError::InvalidParam {
+            message: format!(
+                "GET /v1/slo takes no query parameters (got {name:?}): an API key sees its own tenant's window"
+            ),
+            param: name.into(),
+        });
+    }
     let r = state.slo.report(&caller.tenant_id, Instant::now());
     let slo = caller.slo;
     let p = |p: Option<fleet::slo::Percentiles>| {

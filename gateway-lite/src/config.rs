@@ -71,7 +71,12 @@ pub struct GatewayConfig {
     /// `shared`: limits shared by every gateway through Redis (each falls
     /// back to its share while Redis is unreachable); `local`: this
     /// gateway alone, in memory, Redis never used.
-    #[arg(long, env = "GATEWAY_LIMITS", default_value = "shared")]
+    #[arg(
+        long,
+        env = "GATEWAY_LIMITS",
+        value_name = "GATEWAY_LIMITS",
+        default_value = "shared"
+    )]
     pub limits: LimitsMode,
     /// How long idempotency claims and answers stay in Redis, seconds (60
     /// to 86400): a retry on another gateway gets the stored answer within
@@ -87,7 +92,12 @@ pub struct GatewayConfig {
     /// in that model's fair queue (priority, then WFQ by tenant weight) up
     /// to its tenant's wait budget, then 429 `queue_timeout`; `off`: 503
     /// `no_capacity` at once.
-    #[arg(long, env = "GATEWAY_QUEUE", default_value = "off")]
+    #[arg(
+        long,
+        env = "GATEWAY_QUEUE",
+        value_name = "GATEWAY_QUEUE",
+        default_value = "off"
+    )]
     pub queue: Switch,
     /// Requests each priority level of a model's queue holds (1 to 100000).
     #[arg(long, env = "GATEWAY_QUEUE_DEPTH", default_value_t = 1_000)]

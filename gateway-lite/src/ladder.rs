@@ -32,7 +32,7 @@ pub const EVERY: Duration = Duration::from_secs(1);
 const SATURATED_KV: f64 = 0.60;
 
 /// Each priority's share of its rate, percent; cheap to clone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Ladder {
     percent: Arc<[AtomicU32; 5]>,
     state: Arc<Mutex<State>>,
@@ -55,14 +55,20 @@ struct State {
     saturated: std::collections::HashSet<String>,
 }
 
+impl Default for Ladder {
+    /// Every priority at full rate.
+    fn default() -> Self {
+        Self {
+            percent: Arc::new(std::array::from_fn(|_| AtomicU32::new(100))),
+            state: Arc::default(),
+        }
+    }
+}
+
 impl Ladder {
     /// Every priority at full rate.
     pub fn new() -> Self {
-        let ladder = Self::default();
-        for p in ladder.percent.iter() {
-            p.store(100, Ordering::Relaxed);
-        }
-        ladder
+        Self::default()
     }
 
     /// The share of its rate `priority` keeps now, percent.

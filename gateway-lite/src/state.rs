@@ -44,3 +44,37 @@ pub struct AppState {
     /// What `/readyz` answers; drained on SIGTERM.
     pub readiness: Readiness,
 }
+
+impl AppState {
+    /// A gateway on its own: limits and idempotency claims in memory (no
+    /// Redis), no fairness layer, the engine answering at once
+    /// (`speedup` 0) and the default request timeout — what benchmarks and
+    /// in-process tests serve; [`crate::service::run`] sets the rest from
+    /// its configuration.
+    pub fn alone(
+        gateway_id: &str,
+        registry: Registry,
+        engine: Arc<Upstreams>,
+        outbox: Outbox,
+    ) -> Self {
+        let cluster = crate::cluster::Cluster::local(gateway_id);
+        Self {
+            registry,
+            engine,
+            idempotency: Idempotency::new(outbox.clone(), cluster.clone()),
+            outbox,
+            gateway_id: gateway_id.to_owned(),
+            speedup: 0,
+            request_timeout: Duration::from_secs(600),
+            limiter: Limiter::new(None, cluster),
+            tpot: Default::default(),
+            retry_budget: Arc::default(),
+            runs: TaskTracker::new(),
+            gpu_ledger: None,
+            slo: Arc::default(),
+            ladder: None,
+            queues: None,
+            readiness: Readiness::default(),
+        }
+    }
+}

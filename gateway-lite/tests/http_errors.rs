@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use engine::upstream::Upstreams;
 use engine::{ModelProfile, Simulator};
-use gateway_lite::idempotency::Idempotency;
-use gateway_lite::limits::Limiter;
 use gateway_lite::outbox::Outbox;
 use gateway_lite::service::{app, AppState};
 use gateway_lite::tenants::{Caller, Registry};
@@ -48,22 +46,13 @@ async fn start() -> Gateway {
     let outbox = Outbox::open(&dir.path().join("outbox")).unwrap();
     let simulator = Arc::new(Simulator::new(ModelProfile::reference(), 0));
     let state = AppState {
-        registry,
-        engine: Arc::new(Upstreams::new(simulator, Vec::new()).unwrap()),
-        outbox: outbox.clone(),
-        gateway_id: "gw-test".into(),
-        speedup: 0,
         request_timeout: Duration::from_secs(60),
-        limiter: Limiter::default(),
-        tpot: Default::default(),
-        retry_budget: Default::default(),
-        gpu_ledger: None,
-        queues: None,
-        ladder: None,
-        slo: Default::default(),
-        idempotency: Idempotency::new(outbox, gateway_lite::cluster::Cluster::local("gw-test")),
-        runs: tokio_util::task::TaskTracker::new(),
-        readiness: Default::default(),
+        ..AppState::alone(
+            "gw-test",
+            registry,
+            Arc::new(Upstreams::new(simulator, Vec::new()).unwrap()),
+            outbox,
+        )
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

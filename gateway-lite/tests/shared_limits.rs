@@ -216,3 +216,29 @@ async fn requests_in_flight_are_held_again_after_redis_came_back_empty() {
     assert_eq!(refused.limit, LimitKind::Concurrency);
     drop((held, one));
 }
+
+#[tokio::test]
+async fn a_gateway_shutting_down_gives_back_what_it_holds_at_once() {
+    let p = prefix();
+    let a = gateway(&p, "gw-a").await;
+    let b = gateway(&p, "gw-b").await;
+    let c = caller(None, Some(2));
+    // a's two requests ended; it still holds their units (given back only
+    // after a second of disuse by its renewal, which this test never runs).
+    drop((
+        a.admit(&c, ask(1)).await.unwrap(),
+        a.admit(&c, ask(2)).await.unwrap(),
+    ));
+    assert_eq!(
+        b.admit(&c, ask(3)).await.unwrap_err().limit,
+        LimitKind::Concurrency,
+        "a still holds the tenant's two units"
+    );
+    // SIGTERM: a gives everything back and leaves; b has the cap at once.
+    a.release().await;
+    let both = (
+        b.admit(&c, ask(4)).await.unwrap(),
+        b.admit(&c, ask(5)).await.unwrap(),
+    );
+    drop(both);
+}

@@ -12,6 +12,15 @@ use tests::TestStack;
 
 const FLOOD: &str = "sk-test-queue-flood";
 
+/// Per-key limits far above what a test sends.
+fn generous() -> TenantLimits {
+    TenantLimits {
+        rpm: Some(100_000),
+        tpm: Some(100_000_000),
+        ..Default::default()
+    }
+}
+
 fn long(i: usize) -> Value {
     json!({
         "model": "llama-3.1-8b",
@@ -24,11 +33,7 @@ fn long(i: usize) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_replica_queues_and_a_freed_one_takes_the_next_in_line() {
     let stack = TestStack::new("gwqueue").await;
-    let limits = TenantLimits {
-        rpm: Some(100_000),
-        tpm: Some(100_000_000),
-        ..Default::default()
-    };
+    let limits = generous();
     seed_tenant(&stack, "flood", FLOOD, limits).await;
     // Best effort (priority 1, admitted below 60% KV), no objectives: a
     // wait budget of 2 s.
@@ -114,11 +119,7 @@ async fn a_full_replica_queues_and_a_freed_one_takes_the_next_in_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saturated_pool_refuses_priority_one_until_it_recovers() {
     let stack = TestStack::new("gwladder").await;
-    let limits = TenantLimits {
-        rpm: Some(100_000),
-        tpm: Some(100_000_000),
-        ..Default::default()
-    };
+    let limits = generous();
     const STANDARD: &str = "sk-test-ladder-std";
     const LOW: &str = "sk-test-ladder-p1";
     seed_tenant(&stack, "ladder-std", STANDARD, limits).await;

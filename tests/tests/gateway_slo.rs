@@ -74,6 +74,16 @@ async fn the_slo_window_is_reported_per_tenant() {
     );
     let unauthenticated = client.get(format!("{url}/v1/slo")).send().await.unwrap();
     assert_eq!(unauthenticated.status(), 401);
+    // Another tenant cannot be asked for: a parameter is refused, by name.
+    let asked = client
+        .get(format!("{url}/v1/slo?tenant=slo-other"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(asked.status(), 400);
+    let v: Value = asked.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "tenant", "{v}");
 
     let m = metrics(&url).await;
     assert!(

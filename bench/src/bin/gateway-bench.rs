@@ -82,27 +82,12 @@ async fn main() -> anyhow::Result<()> {
         remote_model(HTTP, &engine_url),
         remote_model(PACED, &paced_url),
     ];
-    let state = AppState {
+    let state = AppState::alone(
+        "gw-bench",
         registry,
-        engine: Arc::new(Upstreams::new(engine.clone(), remote)?),
-        outbox: outbox.clone(),
-        gateway_id: "gw-bench".into(),
-        speedup: 0,
-        request_timeout: Duration::from_secs(600),
-        limiter: Limiter::default(),
-        tpot: Default::default(),
-        retry_budget: Default::default(),
-        gpu_ledger: None,
-        queues: None,
-        ladder: None,
-        slo: Default::default(),
-        idempotency: Idempotency::new(
-            outbox.clone(),
-            gateway_lite::cluster::Cluster::local("gw-bench"),
-        ),
-        runs: tokio_util::task::TaskTracker::new(),
-        readiness: Default::default(),
-    };
+        Arc::new(Upstreams::new(engine.clone(), remote)?),
+        outbox.clone(),
+    );
     let (stop_relay, stop_rx) = tokio::sync::watch::channel(false);
     let relay = match std::env::var("KAFKA_BROKERS") {
         Ok(brokers) => {
@@ -271,22 +256,14 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
         }
         let outbox = Outbox::open(&dir.join(name))?;
         let state = AppState {
-            registry: registry.clone(),
-            engine: Arc::new(Upstreams::new(engine.clone(), Vec::new())?),
-            outbox: outbox.clone(),
-            gateway_id: format!("gw-{name}"),
-            speedup: 0,
-            request_timeout: Duration::from_secs(600),
             limiter,
-            tpot: Default::default(),
-            retry_budget: Default::default(),
-            gpu_ledger: None,
-            queues: None,
-            ladder: None,
-            slo: Default::default(),
-            idempotency: Idempotency::new(outbox, cluster),
-            runs: tokio_util::task::TaskTracker::new(),
-            readiness: Default::default(),
+            idempotency: Idempotency::new(outbox.clone(), cluster),
+            ..AppState::alone(
+                &format!("gw-{name}"),
+                registry.clone(),
+                Arc::new(Upstreams::new(engine.clone(), Vec::new())?),
+                outbox,
+            )
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;

@@ -242,6 +242,8 @@ struct State {
     /// Shared mode: what each rate had left in Redis at its last lease.
     left: HashMap<Resource, u64>,
     in_flight: HashMap<u64, InFlight>,
+    /// Requests in flight per tenant (the count of `in_flight`'s entries).
+    tenant_in_flight: HashMap<String, u32>,
     next_id: u64,
     /// Redis lost what this gateway holds: register it at the next renewal.
     register: bool,
@@ -639,27 +641,20 @@ impl Limiter {
                 started_unix_ms: chrono::Utc::now().timestamp_millis(),
             },
         );
-        let conc = Resource::Concurrency(caller.tenant_id.clone());
-        crate::telemetry::active_requests(
-            &caller.tenant_id,
-            st.in_flight
-                .values()
-                .filter(|f| f.tenant == caller.tenant_id)
-                .count() as u32,
-        );
-        let _ = conc;
+        let n = st
+            .tenant_in_flight
+            .entry(caller.tenant_id.clone())
+            .or_default();
+        *n += 1;
+        crate::telemetry::active_requests(&caller.tenant_id, *n);
         let tokens = demands
             .iter()
-            .find(|d| matches!(d.res, Resource::Tokens(..)))
-            .map(|d| d.res.clone());
+            .find(|d| matches!(d.res, Resource::Tokens(..)));
         Permit {
             limiter: self.clone(),
             id,
-            tokens,
-            charged: demands
-                .iter()
-                .find(|d| matches!(d.res, Resource::Tokens(..)))
-                .map_or(0, |d| d.take as u64),
+            tokens: tokens.map(|d| d.res.clone()),
+            charged: tokens.map_or(0, |d| d.take as u64),
             held: demands
                 .iter()
                 .filter(|d| matches!(d.shape, Shape::Capacity(_)))
@@ -710,10 +705,10 @@ impl Limiter {
     /// Requests in flight for `tenant` on this gateway.
     pub fn in_flight(&self, tenant: &str) -> u32 {
         self.lock()
-            .in_flight
-            .values()
-            .filter(|f| f.tenant == tenant)
-            .count() as u32
+            .tenant_in_flight
+            .get(tenant)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Keeps what this gateway holds in Redis current, forever: every
@@ -951,12 +946,17 @@ impl Drop for Permit {
             }
         }
         st.in_flight.remove(&self.id);
-        let n = st
-            .in_flight
-            .values()
-            .filter(|f| f.tenant == self.tenant)
-            .count();
-        crate::telemetry::active_requests(&self.tenant, n as u32);
+        let n = match st.tenant_in_flight.get_mut(&self.tenant) {
+            Some(n) => {
+                *n = n.saturating_sub(1);
+                *n
+            }
+            None => 0,
+        };
+        if n == 0 {
+            st.tenant_in_flight.remove(&self.tenant);
+        }
+        crate::telemetry::active_requests(&self.tenant, n);
     }
 }
 
