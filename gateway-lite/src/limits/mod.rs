@@ -244,6 +244,8 @@ struct State {
     in_flight: HashMap<u64, InFlight>,
     /// Requests in flight per tenant (the count of `in_flight`'s entries).
     tenant_in_flight: HashMap<String, u32>,
+    /// Lease calls of this gateway out at Redis right now.
+    leasing: u32,
     next_id: u64,
     /// Redis lost what this gateway holds: register it at the next renewal.
     register: bool,
@@ -577,6 +579,7 @@ impl Limiter {
             });
         }
         let demands = self.demands(caller, &ask);
+        let mut short = None;
         for _ in 0..LEASE_TRIES {
             let now = at.unwrap_or_else(Instant::now);
             let mode = self.cluster.mode();
@@ -601,11 +604,19 @@ impl Limiter {
             let gw = self.cluster.gateway_id();
             let only: Vec<shared::Ask> = asks.iter().map(|(_, a)| a.clone()).collect();
             crate::telemetry::redis_call("lease");
-            match self
+            self.lock().leasing += 1;
+            let leased = self
                 .scripts
                 .lease(&mut conn, gw, &self.cluster.alive_key(""), &only)
-                .await
-            {
+                .await;
+            // Whether other admissions of this gateway were leasing too:
+            // their blocks may be what Redis is short of.
+            let others = {
+                let mut st = self.lock();
+                st.leasing -= 1;
+                st.leasing > 0
+            };
+            match leased {
                 Ok(shared::Leased::Granted(grants)) => {
                     let mut st = self.lock();
                     if st.mode == Some(Mode::Shared) {
@@ -615,18 +626,36 @@ impl Limiter {
                     }
                 }
                 Ok(shared::Leased::Short { index, wait_ms }) => {
+                    // Concurrent admissions of this gateway lease at the
+                    // same time: Redis may be short because this gateway
+                    // holds (or is receiving) the blocks. Try again from
+                    // what it holds before refusing.
+                    {
+                        let mut st = self.lock();
+                        if st.mode == Some(Mode::Shared)
+                            && st.admit_shared(&demands, &self.cluster, now).is_ok()
+                        {
+                            return Ok(self.permit(&mut st, caller, &demands, ask));
+                        }
+                    }
                     let d = asks
                         .get(index)
                         .and_then(|(i, _)| demands.get(*i))
                         .unwrap_or(&demands[0]);
-                    return Err(d.rejected(Duration::from_millis(wait_ms)));
+                    let refused = d.rejected(Duration::from_millis(wait_ms));
+                    if others {
+                        short = Some(refused);
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    return Err(refused);
                 }
                 Err(e) => self.cluster.failed(&e),
             }
         }
-        // Leased several times and others of this gateway spent it first.
-        let d = &demands[0];
-        Err(d.rejected(Duration::from_millis(100)))
+        // Leased several times and others of this gateway spent it first:
+        // refused by the limit Redis last said was short.
+        Err(short.unwrap_or_else(|| demands[0].rejected(Duration::from_millis(100))))
     }
 
     fn permit(&self, st: &mut State, caller: &Caller, demands: &[Demand], ask: Ask<'_>) -> Permit {
