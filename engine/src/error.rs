@@ -41,6 +41,13 @@ pub enum EngineError {
     MethodNotAllowed(String),
     #[error("the replica of {0:?} stopped")]
     Stopped(String),
+    /// The replica running the request died; `used` is what the request
+    /// had used until then (billed: the GPU time was spent).
+    #[error("replica {replica} failed while running the request")]
+    ReplicaFailed {
+        replica: String,
+        used: Box<crate::simulator::Completion>,
+    },
     #[error(transparent)]
     Profile(#[from] ProfileError),
     /// An HTTP upstream failed or could not be reached.
@@ -58,6 +65,15 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// What the request had used when this error ended it, if the engine
+    /// could say.
+    pub fn used(&self) -> Option<&crate::simulator::Completion> {
+        match self {
+            Self::ReplicaFailed { used, .. } => Some(used),
+            _ => None,
+        }
+    }
+
     pub fn status_code(&self) -> StatusCode {
         match self {
             Self::UnknownModel(_) | Self::UnknownPath(_) => StatusCode::NOT_FOUND,
@@ -68,7 +84,7 @@ impl EngineError {
                 StatusCode::BAD_REQUEST
             }
             Self::NoCapacity { .. } | Self::UpstreamBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            Self::Upstream { .. } | Self::ReplicaFailed { .. } => StatusCode::BAD_GATEWAY,
             Self::Stopped(_) | Self::Profile(_) | Self::Config(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }

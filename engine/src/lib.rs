@@ -16,7 +16,8 @@
 //! - [`attribution`]: exact split of each step's GPU time among its requests
 //! - [`replica`]: one replica stepping on a virtual clock, emitting events
 //! - [`clock`]: virtual runs for tests and benchmarks, wall-clock pacing for the demo
-//! - [`simulator`]: the in-process engine (one replica task per model) the gateway calls
+//! - [`simulator`]: the in-process engine the gateway calls: each model a pool of
+//!   replica tasks, requests routed by `fleet::pool`
 //! - [`metrics`]: Prometheus exposition under vLLM's names
 //! - [`server`]: the OpenAI-compatible HTTP API (`engine` binary, port 8081)
 //! - [`upstream`]: which engine serves a model — the simulator in process or an

@@ -23,6 +23,9 @@ struct EngineConfig {
     /// YAML or JSON file of model profiles (`profiles: [...]`); the reference profiles if unset.
     #[arg(long, env = "ENGINE_PROFILES")]
     profiles: Option<PathBuf>,
+    /// Replicas per model over the profiles' own (`llama-3.1-70b=12,llama-3.1-8b=2`).
+    #[arg(long, env = "ENGINE_REPLICAS")]
+    replicas: Option<String>,
     /// Pacing: 1 = real time, N = N times faster, 0 = no waiting (figures unchanged).
     #[arg(long, env = "ENGINE_SPEEDUP", default_value_t = 1)]
     speedup: u32,
@@ -60,10 +63,13 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let config = EngineConfig::parse();
     let secret = config.validate()?;
-    let profiles = match &config.profiles {
-        Some(path) => ModelProfile::load(path)?,
+    let mut profiles = match &config.profiles {
+        Some(path) => ModelProfile::load(path).context("ENGINE_PROFILES")?,
         None => ModelProfile::reference(),
     };
+    if let Some(spec) = &config.replicas {
+        ModelProfile::set_replicas(&mut profiles, spec).context("ENGINE_REPLICAS")?;
+    }
     let sim = Arc::new(Simulator::try_new(profiles, config.speedup)?);
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await

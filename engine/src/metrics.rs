@@ -68,6 +68,8 @@ pub struct ReplicaSnapshot {
     pub replica_id: String,
     pub gpus: u64,
     pub kv_usage: f64,
+    /// KV blocks in use (the router's reading of the replica).
+    pub kv_used_blocks: u64,
     pub running: usize,
     pub waiting: usize,
     pub prompt_tokens: u64,
@@ -85,6 +87,7 @@ impl ReplicaSnapshot {
             replica_id: r.id().to_owned(),
             gpus: r.gpus(),
             kv_usage: r.kv().usage(),
+            kv_used_blocks: r.kv().used(),
             running: r.running(),
             waiting: r.waiting(),
             prompt_tokens,

@@ -62,7 +62,14 @@ pub struct ModelProfile {
     /// Share of the KV blocks one tenant's prefix-cache entries may hold, percent.
     #[serde(default = "default_tenant_quota")]
     pub tenant_cache_quota_percent: u32,
+    /// Replicas of this model the simulator runs, one pool (each request
+    /// routed by power of two choices on KV headroom; see `simulator`).
+    #[serde(default = "default_replicas")]
+    pub replicas: u32,
 }
+
+/// The most replicas one profile may ask for.
+pub const MAX_REPLICAS: u32 = 256;
 
 fn default_step_tokens() -> u32 {
     512
@@ -74,6 +81,10 @@ fn default_max_running() -> u32 {
 
 fn default_tenant_quota() -> u32 {
     25
+}
+
+fn default_replicas() -> u32 {
+    1
 }
 
 /// A profile file: `profiles: [...]`.
@@ -149,6 +160,7 @@ impl ModelProfile {
                 step_token_budget: 512,
                 max_running: 256,
                 tenant_cache_quota_percent: 25,
+                replicas: 1,
             },
             Self {
                 name: "llama-3.1-70b".into(),
@@ -165,6 +177,7 @@ impl ModelProfile {
                 step_token_budget: 512,
                 max_running: 256,
                 tenant_cache_quota_percent: 25,
+                replicas: 1,
             },
             Self {
                 name: "frontier-405b".into(),
@@ -182,6 +195,7 @@ impl ModelProfile {
                 step_token_budget: 512,
                 max_running: 256,
                 tenant_cache_quota_percent: 25,
+                replicas: 1,
             },
         ]
     }
@@ -200,6 +214,34 @@ impl ModelProfile {
         };
         Self::validate_all(&file.profiles)?;
         Ok(file.profiles)
+    }
+
+    /// Sets replica counts from `spec`, `model=count` pairs separated by
+    /// commas (`llama-3.1-70b=12,llama-3.1-8b=2`; the `ENGINE_REPLICAS`
+    /// setting), on top of the profiles' own. A model not in `profiles`,
+    /// or a count outside 1..=[`MAX_REPLICAS`], is an error naming it.
+    pub fn set_replicas(profiles: &mut [Self], spec: &str) -> Result<(), ProfileError> {
+        for pair in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let bad = |message: String| ProfileError::Invalid {
+                name: pair.to_owned(),
+                message,
+            };
+            let (model, count) = pair
+                .split_once('=')
+                .ok_or_else(|| bad("expected model=count".into()))?;
+            let count: u32 = count
+                .trim()
+                .parse()
+                .ok()
+                .filter(|n| (1..=MAX_REPLICAS).contains(n))
+                .ok_or_else(|| bad(format!("the count must be 1 to {MAX_REPLICAS}")))?;
+            let profile = profiles
+                .iter_mut()
+                .find(|p| p.name == model.trim())
+                .ok_or_else(|| bad(format!("no profile is named {:?}", model.trim())))?;
+            profile.replicas = count;
+        }
+        Ok(())
     }
 
     /// Checks a set of profiles: each valid, names unique, not empty.
@@ -251,6 +293,12 @@ impl ModelProfile {
             return Err(bad(format!(
                 "tenant_cache_quota_percent must be between 1 and 100, got {}",
                 self.tenant_cache_quota_percent
+            )));
+        }
+        if !(1..=MAX_REPLICAS).contains(&self.replicas) {
+            return Err(bad(format!(
+                "replicas must be between 1 and {MAX_REPLICAS}, got {}",
+                self.replicas
             )));
         }
         if self.total_blocks() > u64::from(u32::MAX) {
@@ -387,5 +435,31 @@ mod tests {
         let mut zero = p70();
         zero.gpus = 0;
         assert!(zero.validate().unwrap_err().to_string().contains("gpus"));
+    }
+
+    #[test]
+    fn replica_counts_are_set_by_model_and_checked() {
+        let mut profiles = ModelProfile::reference();
+        ModelProfile::set_replicas(&mut profiles, "llama-3.1-70b=12, llama-3.1-8b=2").unwrap();
+        let counts: Vec<u32> = profiles.iter().map(|p| p.replicas).collect();
+        assert_eq!(counts, [2, 12, 1]);
+        for (spec, named) in [
+            ("gpt-5=3", "gpt-5"),
+            ("llama-3.1-70b=0", "1 to 256"),
+            ("llama-3.1-70b=257", "1 to 256"),
+            ("llama-3.1-70b", "model=count"),
+        ] {
+            let err = ModelProfile::set_replicas(&mut profiles, spec)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{spec}: {err}");
+        }
+        let mut none = p70();
+        none.replicas = 0;
+        assert!(none
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("replicas"));
     }
 }

@@ -41,6 +41,8 @@ pub enum Finish {
     Stop,
     Length,
     Cancelled,
+    /// The replica died under it ([`Replica::fail_all`]).
+    Failed,
 }
 
 /// What a request used, reported when it finishes or is cancelled.
@@ -82,6 +84,8 @@ pub struct ReplicaStats {
     pub generation_tokens: u64,
     pub finished: u64,
     pub cancelled: u64,
+    /// Requests the replica's death ended.
+    pub failed: u64,
     pub rejected: u64,
     /// Attributed and preempted micro-GPU-seconds by tenant index.
     pub tenant_gpu_micros: Vec<u64>,
@@ -286,6 +290,22 @@ impl Replica {
         self.stats.cancelled += 1;
         self.finish(s, Finish::Cancelled);
         true
+    }
+
+    /// The replica died: every request on it, running or waiting, ends
+    /// with [`Finish::Failed`] and what it used until then (the GPU time
+    /// was spent, then lost with the replica: it stays the request's).
+    /// Returns how many requests it failed.
+    pub fn fail_all(&mut self) -> usize {
+        let ids = self.sched.ids();
+        for &id in &ids {
+            if let Some(mut s) = self.sched.remove(id) {
+                self.mem.release(&mut s);
+                self.stats.failed += 1;
+                self.finish(s, Finish::Failed);
+            }
+        }
+        ids.len()
     }
 
     /// Lets virtual time pass with nothing to do; it counts as idle.

@@ -211,6 +211,15 @@ impl Scheduler {
         self.waiting_blocks
     }
 
+    /// Every sequence's id, running ones first.
+    pub fn ids(&self) -> Vec<SeqId> {
+        self.running
+            .iter()
+            .chain(self.waiting.iter().flatten())
+            .map(|s| s.id)
+            .collect()
+    }
+
     /// Removes a sequence wherever it is; the caller releases its memory.
     pub fn remove(&mut self, id: SeqId) -> Option<Seq> {
         if let Some(i) = self.running.iter().position(|s| s.id == id) {

@@ -95,6 +95,7 @@ impl IntoResponse for EngineError {
             Self::NoCapacity { .. } | Self::UpstreamBusy { .. } => {
                 ("server_error", Some("no_capacity"))
             }
+            Self::ReplicaFailed { .. } => ("server_error", Some("replica_failed")),
             Self::Stopped(_) | Self::Profile(_) | Self::Upstream { .. } | Self::Config(_) => {
                 ("server_error", None)
             }
@@ -104,7 +105,8 @@ impl IntoResponse for EngineError {
             Self::InvalidParam { param, .. } => Some(param.as_str()),
             _ => None,
         };
-        let body = if status.is_server_error() && !busy {
+        let told = busy || matches!(self, Self::ReplicaFailed { .. });
+        let body = if status.is_server_error() && !told {
             tracing::error!(error = %self, "request failed");
             ErrorBody::server_error()
         } else {

@@ -1,13 +1,30 @@
-//! The in-process engine the gateway and the HTTP server call: one replica
-//! task per model, each owning a [`Replica`] paced by a [`Pacer`]. A call
-//! tokenizes the prompt, plans the deterministic answer, submits it to the
-//! model's replica and awaits its tokens and outcome. Dropping a
-//! [`Generation`] before it finished cancels the request on the replica
-//! (the client went away); the GPU time it used stays attributed to it.
+//! The in-process engine the gateway and the HTTP server call: each model
+//! is a pool of `replicas` (its profile says how many), each replica a
+//! task owning a [`Replica`] paced by a [`Pacer`]. A call tokenizes the
+//! prompt, plans the deterministic answer, picks a replica and submits it
+//! there, then awaits its tokens and outcome. Dropping a [`Generation`]
+//! before it finished cancels the request on its replica (the client went
+//! away); the GPU time it used stays attributed to it.
+//!
+//! **Routing** (`fleet::pool`): power of two choices on KV headroom. The
+//! router counts what it sent each replica since that replica's last
+//! published snapshot on top of the snapshot's KV in use, so a burst that
+//! arrives between two snapshots spreads instead of herding onto the
+//! replica that looked emptiest. A replica that refuses the request for its
+//! class (the router's view lagged) is marked full until its next snapshot
+//! and the request tries another; when none can admit it the caller gets
+//! [`EngineError::NoCapacity`] (and queues, or answers 503).
+//!
+//! **A replica that dies** ([`Simulator::fail_replica`]) leaves the pool at
+//! once; every request it was running or holding ends with
+//! [`EngineError::ReplicaFailed`], carrying what the request used until then
+//! (it is billed: the GPU time was spent). Nothing is regenerated
+//! silently: a client that wants an answer retries.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -19,8 +36,8 @@ use crate::attribution::to_gpu_seconds;
 use crate::clock::Pacer;
 use crate::error::EngineError;
 use crate::metrics::ReplicaSnapshot;
-use crate::profile::ModelProfile;
-use crate::replica::{Event, Outcome, Replica, SeqRequest};
+use crate::profile::{ModelProfile, BLOCK_TOKENS};
+use crate::replica::{Event, Finish, Outcome, Replica, SeqRequest};
 use crate::scheduler::{SeqId, ServiceClass};
 use crate::tokenizer;
 
@@ -87,20 +104,145 @@ enum Command {
     Cancel(SeqId),
     /// Cancel, but still deliver the outcome (what the request used so far).
     Stop(SeqId),
+    /// The replica dies: fail every request on it and stop.
+    Fail,
 }
 
 struct ReplicaHandle {
-    profile: ModelProfile,
     replica_id: String,
     tx: OnceLock<Result<mpsc::UnboundedSender<Command>, EngineError>>,
     snapshot: Arc<Mutex<ReplicaSnapshot>>,
+    /// Snapshots published so far (the router re-reads a changed one).
+    published: Arc<AtomicU64>,
+    dead: AtomicBool,
+}
+
+/// The router's view of one model's pool.
+struct Router {
+    pool: fleet::pool::Pool,
+    /// Per handle, the snapshot count the pool last observed.
+    seen: Vec<u64>,
+    rng: StdRng,
+}
+
+/// One model: its profile, its replicas and the router placing requests.
+struct ModelPool {
+    profile: ModelProfile,
+    replicas: Vec<ReplicaHandle>,
+    router: Mutex<Router>,
+    /// KV bytes one block holds on this model.
+    block_bytes: u64,
+}
+
+impl ModelPool {
+    fn new(profile: &ModelProfile) -> Self {
+        let block_bytes = profile.kv_bytes_per_token * u64::from(BLOCK_TOKENS);
+        let capacity = profile.total_blocks() * block_bytes;
+        let replicas: Vec<ReplicaHandle> = (0..profile.replicas.max(1))
+            .map(|i| {
+                let replica_id = format!("{}-r{i}", profile.name);
+                ReplicaHandle {
+                    snapshot: Arc::new(Mutex::new(ReplicaSnapshot {
+                        model: profile.name.clone(),
+                        replica_id: replica_id.clone(),
+                        gpus: u64::from(profile.gpus),
+                        ..ReplicaSnapshot::default()
+                    })),
+                    replica_id,
+                    tx: OnceLock::new(),
+                    published: Arc::default(),
+                    dead: AtomicBool::new(false),
+                }
+            })
+            .collect();
+        let pool = fleet::pool::Pool::new(
+            replicas
+                .iter()
+                .map(|h| fleet::pool::Replica::new(h.replica_id.clone(), capacity))
+                .collect(),
+        );
+        Self {
+            router: Mutex::new(Router {
+                pool,
+                seen: vec![0; replicas.len()],
+                rng: StdRng::seed_from_u64(0x5eed),
+            }),
+            replicas,
+            profile: profile.clone(),
+            block_bytes,
+        }
+    }
+
+    fn router(&self) -> std::sync::MutexGuard<'_, Router> {
+        // Plain numbers, consistent between statements.
+        self.router.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn handle(&self, id: &str) -> Option<(usize, &ReplicaHandle)> {
+        self.replicas
+            .iter()
+            .enumerate()
+            .find(|(_, h)| h.replica_id == id)
+    }
+
+    /// The replica for a request of `kv` bytes of `class`, counted as sent
+    /// there; `None` when no live replica can admit it by the router's view.
+    fn route(&self, tenant: &str, kv: u64, class: ServiceClass) -> Option<usize> {
+        let mut r = self.router();
+        let Router { pool, seen, rng } = &mut *r;
+        for (i, h) in self.replicas.iter().enumerate() {
+            let published = h.published.load(Ordering::Acquire);
+            if published == seen[i] || h.dead.load(Ordering::Acquire) {
+                continue;
+            }
+            seen[i] = published;
+            let used = h
+                .snapshot
+                .lock()
+                .map_or(0, |s| s.kv_used_blocks * self.block_bytes);
+            if let Some(at) = pool.replicas().iter().position(|p| p.id == h.replica_id) {
+                pool.observe(at, used);
+            }
+        }
+        let placement = fleet::pool::Placement {
+            tenant,
+            kv,
+            threshold_percent: class.threshold_percent(),
+            owner_waiting: false,
+        };
+        let at = pool.route(&placement, rng)?;
+        let id = &pool.replicas()[at].id;
+        self.handle(id).map(|(i, _)| i)
+    }
+
+    /// Replica `i` refused a request for its class: full by the router's
+    /// view until it publishes again.
+    fn refused(&self, i: usize) {
+        let mut r = self.router();
+        let id = &self.replicas[i].replica_id;
+        if let Some(at) = r.pool.replicas().iter().position(|p| &p.id == id) {
+            let full = r.pool.replicas()[at].kv_capacity;
+            r.pool.observe(at, full);
+        }
+    }
+
+    /// The least KV occupancy among the live replicas, percent (for the
+    /// refusal's message).
+    fn least_occupancy_percent(&self) -> u64 {
+        self.replicas
+            .iter()
+            .filter(|h| !h.dead.load(Ordering::Acquire))
+            .filter_map(|h| h.snapshot.lock().ok().map(|s| s.kv_usage))
+            .fold(None, |m: Option<f64>, u| Some(m.map_or(u, |m| m.min(u))))
+            .map_or(100, |u| (u * 100.0).floor() as u64)
+    }
 }
 
 /// The simulated engine. `speedup` divides real waiting time (1 = real
 /// time; 0 = answer at once), never the reported figures.
 pub struct Simulator {
     profiles: Vec<ModelProfile>,
-    replicas: Vec<ReplicaHandle>,
+    pools: Vec<ModelPool>,
     speedup: u32,
 }
 
@@ -117,23 +259,10 @@ impl Simulator {
     /// An engine serving `profiles`; replica tasks start on first use.
     pub fn new(profiles: Vec<ModelProfile>, speedup: u32) -> Self {
         tokenizer::warm_up();
-        let replicas = profiles
-            .iter()
-            .map(|p| ReplicaHandle {
-                profile: p.clone(),
-                replica_id: format!("{}-r0", p.name),
-                tx: OnceLock::new(),
-                snapshot: Arc::new(Mutex::new(ReplicaSnapshot {
-                    model: p.name.clone(),
-                    replica_id: format!("{}-r0", p.name),
-                    gpus: u64::from(p.gpus),
-                    ..ReplicaSnapshot::default()
-                })),
-            })
-            .collect();
+        let pools = profiles.iter().map(ModelPool::new).collect();
         Self {
             profiles,
-            replicas,
+            pools,
             speedup,
         }
     }
@@ -152,52 +281,95 @@ impl Simulator {
         self.profiles.iter().find(|p| p.name == model)
     }
 
-    /// The current figures of every replica, for `/metrics`.
+    /// The current figures of every live replica, for `/metrics`.
     pub fn snapshots(&self) -> Vec<ReplicaSnapshot> {
-        self.replicas
+        self.pools
             .iter()
+            .flat_map(|p| &p.replicas)
+            .filter(|h| !h.dead.load(Ordering::Acquire))
             .filter_map(|r| r.snapshot.lock().ok().map(|s| s.clone()))
             .collect()
     }
 
+    /// The ids of `model`'s live replicas.
+    pub fn replica_ids(&self, model: &str) -> Vec<String> {
+        self.pools
+            .iter()
+            .filter(|p| p.profile.name == model)
+            .flat_map(|p| &p.replicas)
+            .filter(|h| !h.dead.load(Ordering::Acquire))
+            .map(|h| h.replica_id.clone())
+            .collect()
+    }
+
+    /// Replica `replica_id` dies: it leaves its pool, and every request it
+    /// was running or holding ends with [`EngineError::ReplicaFailed`] and
+    /// what it used. Returns false if no live replica has that id.
+    pub fn fail_replica(&self, replica_id: &str) -> bool {
+        for pool in &self.pools {
+            let Some((_, h)) = pool.handle(replica_id) else {
+                continue;
+            };
+            if h.dead.swap(true, Ordering::AcqRel) {
+                return false;
+            }
+            pool.router().pool.remove(replica_id);
+            if let Some(Ok(tx)) = h.tx.get() {
+                let _ = tx.send(Command::Fail);
+            }
+            tracing::warn!(replica = replica_id, "replica failed: it left its pool");
+            return true;
+        }
+        false
+    }
+
     fn sender(
         &self,
+        pool: &ModelPool,
         handle: &ReplicaHandle,
     ) -> Result<mpsc::UnboundedSender<Command>, EngineError> {
         handle
             .tx
             .get_or_init(|| {
-                let replica = Replica::new(&handle.profile, handle.replica_id.clone())?;
+                let replica = Replica::new(&pool.profile, handle.replica_id.clone())?;
                 let (tx, rx) = mpsc::unbounded_channel();
-                tokio::spawn(drive(replica, rx, handle.snapshot.clone(), self.speedup));
+                tokio::spawn(drive(
+                    replica,
+                    rx,
+                    handle.snapshot.clone(),
+                    handle.published.clone(),
+                    self.speedup,
+                ));
                 Ok(tx)
             })
             .clone()
     }
 
-    /// Admits a request and returns its running generation, or
-    /// [`EngineError::NoCapacity`] when the replica is too full for its class.
+    /// Admits a request on one of its model's replicas and returns its
+    /// running generation, or [`EngineError::NoCapacity`] when no replica
+    /// has room for its class.
     pub async fn start(
         &self,
         req: &CompletionRequest,
         stream: bool,
     ) -> Result<Generation, EngineError> {
-        let handle = self
-            .replicas
+        let pool = self
+            .pools
             .iter()
-            .find(|r| r.profile.name == req.model)
+            .find(|p| p.profile.name == req.model)
             .ok_or_else(|| EngineError::UnknownModel(req.model.clone()))?;
+        let profile = &pool.profile;
         let tokens = tokenizer::encode(&req.prompt);
         let prompt_tokens = tokens.len() as u64;
         let mut rng = StdRng::seed_from_u64(req.seed ^ prompt_tokens.rotate_left(17));
         let natural: u32 = rng.random_range(16..=600);
         let output = natural.min(req.max_tokens.unwrap_or(u32::MAX));
-        let room = u64::from(handle.profile.max_context).saturating_sub(prompt_tokens);
+        let room = u64::from(profile.max_context).saturating_sub(prompt_tokens);
         if u64::from(output) > room {
             return Err(EngineError::ContextTooLong {
                 prompt: prompt_tokens,
                 output: output.into(),
-                limit: handle.profile.max_context,
+                limit: profile.max_context,
             });
         }
         let words = (0..output)
@@ -206,30 +378,59 @@ impl Simulator {
         let seq = SeqRequest {
             class: req.class,
             prompt_tokens: prompt_tokens as u32,
-            blocks: tokenizer::block_hashes(&handle.profile.version, &tokens),
+            blocks: tokenizer::block_hashes(&profile.version, &tokens),
             output_tokens: output,
             capped: output < natural,
             stream,
         };
-        let tx = self.sender(handle)?;
-        let stopped = || EngineError::Stopped(req.model.clone());
-        let (reply, admitted) = oneshot::channel();
-        let (updates, rx) = mpsc::unbounded_channel();
-        tx.send(Command::Submit {
-            tenant: req.tenant_id.clone(),
-            req: seq,
-            reply,
-            updates,
-        })
-        .map_err(|_| stopped())?;
-        let id = admitted.await.map_err(|_| stopped())??;
-        Ok(Generation {
-            model_version: handle.profile.version.clone(),
-            replica_id: handle.replica_id.clone(),
-            words,
-            rx,
-            cancel: Some((tx, id)),
+        let kv = profile.kv_bytes(prompt_tokens + u64::from(output));
+        // Each refusal marks that replica full, so this ends within the
+        // pool's size.
+        for _ in 0..pool.replicas.len() {
+            let Some(i) = pool.route(&req.tenant_id, kv, req.class) else {
+                break;
+            };
+            let handle = &pool.replicas[i];
+            let tx = self.sender(pool, handle)?;
+            let (reply, admitted) = oneshot::channel();
+            let (updates, rx) = mpsc::unbounded_channel();
+            let sent = tx.send(Command::Submit {
+                tenant: req.tenant_id.clone(),
+                req: seq.clone(),
+                reply,
+                updates,
+            });
+            let answer = match sent {
+                Ok(()) => admitted.await.ok(),
+                Err(_) => None,
+            };
+            match answer {
+                Some(Ok(id)) => {
+                    if handle.dead.load(Ordering::Acquire) {
+                        // It died while taking the request, maybe before
+                        // `fail_replica` could reach it: fail it (again).
+                        let _ = tx.send(Command::Fail);
+                    }
+                    return Ok(Generation {
+                        model_version: profile.version.clone(),
+                        replica_id: handle.replica_id.clone(),
+                        words,
+                        rx,
+                        cancel: Some((tx, id)),
+                        model: req.model.clone(),
+                    });
+                }
+                Some(Err(EngineError::NoCapacity { .. })) => pool.refused(i),
+                Some(Err(e)) => return Err(e),
+                // The replica died before it took the request: nothing ran.
+                None if handle.dead.load(Ordering::Acquire) => {}
+                None => return Err(EngineError::Stopped(req.model.clone())),
+            }
+        }
+        Err(EngineError::NoCapacity {
             model: req.model.clone(),
+            class: req.class.as_str(),
+            occupancy_percent: pool.least_occupancy_percent(),
         })
     }
 
@@ -250,6 +451,11 @@ pub struct Generation {
 }
 
 impl Generation {
+    /// The replica running it.
+    pub fn replica_id(&self) -> &str {
+        &self.replica_id
+    }
+
     /// The next token (streaming generations only) or the final completion.
     pub async fn next(&mut self) -> Result<Piece, EngineError> {
         match self.rx.recv().await {
@@ -258,7 +464,14 @@ impl Generation {
             ))),
             Some(Event::Finished(o)) => {
                 self.cancel = None;
-                Ok(Piece::Done(self.completion(&o)))
+                let used = self.completion(&o);
+                if o.finish == Finish::Failed {
+                    return Err(EngineError::ReplicaFailed {
+                        replica: self.replica_id.clone(),
+                        used: Box::new(used),
+                    });
+                }
+                Ok(Piece::Done(used))
             }
             None => Err(EngineError::Stopped(self.model.clone())),
         }
@@ -294,7 +507,7 @@ impl Generation {
             prompt_tokens: o.prompt_tokens.into(),
             cached_tokens: o.cached_tokens.into(),
             completion_tokens: o.completion_tokens.into(),
-            length_capped: o.finish == crate::replica::Finish::Length,
+            length_capped: o.finish == Finish::Length,
             ttft: Duration::from_micros(first.saturating_sub(o.arrived_at)),
             total: Duration::from_micros(o.finished_at.saturating_sub(o.arrived_at)),
             gpu_seconds: to_gpu_seconds(o.gpu_micros),
@@ -318,31 +531,44 @@ async fn drive(
     mut replica: Replica,
     mut rx: mpsc::UnboundedReceiver<Command>,
     snapshot: Arc<Mutex<ReplicaSnapshot>>,
+    published: Arc<AtomicU64>,
     speedup: u32,
 ) {
     let pacer = Pacer::new(speedup);
     let mut subscribers: HashMap<SeqId, mpsc::UnboundedSender<Event>> = HashMap::new();
+    let publish = |replica: &Replica| {
+        if let Ok(mut s) = snapshot.lock() {
+            *s = ReplicaSnapshot::of(replica);
+        }
+        published.fetch_add(1, Ordering::AcqRel);
+    };
     loop {
         if !replica.has_work() {
-            publish(&replica, &snapshot);
+            publish(&replica);
             let Some(cmd) = rx.recv().await else {
                 return;
             };
             if let Some(now) = pacer.virtual_now() {
                 replica.advance_idle(now);
             }
-            handle(&mut replica, &mut subscribers, cmd);
+            if handle(&mut replica, &mut subscribers, cmd).is_break() {
+                return;
+            }
         }
         while let Ok(cmd) = rx.try_recv() {
-            handle(&mut replica, &mut subscribers, cmd);
+            if handle(&mut replica, &mut subscribers, cmd).is_break() {
+                return;
+            }
         }
         if replica.step().is_none() {
             // Nothing can run until something changes.
-            publish(&replica, &snapshot);
+            publish(&replica);
             let Some(cmd) = rx.recv().await else {
                 return;
             };
-            handle(&mut replica, &mut subscribers, cmd);
+            if handle(&mut replica, &mut subscribers, cmd).is_break() {
+                return;
+            }
             continue;
         }
         pacer.wait_until(replica.now()).await;
@@ -350,15 +576,16 @@ async fn drive(
             tokio::task::yield_now().await;
         }
         deliver(&mut replica, &mut subscribers);
-        publish(&replica, &snapshot);
+        publish(&replica);
     }
 }
 
+/// Carries out one command; `Break` when the replica died.
 fn handle(
     replica: &mut Replica,
     subscribers: &mut HashMap<SeqId, mpsc::UnboundedSender<Event>>,
     cmd: Command,
-) {
+) -> std::ops::ControlFlow<()> {
     match cmd {
         Command::Submit {
             tenant,
@@ -386,7 +613,13 @@ fn handle(
             replica.cancel(id);
             deliver(replica, subscribers);
         }
+        Command::Fail => {
+            replica.fail_all();
+            deliver(replica, subscribers);
+            return std::ops::ControlFlow::Break(());
+        }
     }
+    std::ops::ControlFlow::Continue(())
 }
 
 /// Hands the replica's pending events to their requests, and cancels the
@@ -412,11 +645,5 @@ fn deliver(replica: &mut Replica, subscribers: &mut HashMap<SeqId, mpsc::Unbound
         subscribers.remove(&id);
         replica.cancel(id);
         replica.drain_events().for_each(drop);
-    }
-}
-
-fn publish(replica: &Replica, snapshot: &Mutex<ReplicaSnapshot>) {
-    if let Ok(mut s) = snapshot.lock() {
-        *s = ReplicaSnapshot::of(replica);
     }
 }

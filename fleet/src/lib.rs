@@ -15,10 +15,11 @@
 //! - [`slo`]: a tenant's typed objectives and the sliding 60 s window of
 //!   its TTFT and end-to-end latency (percentiles, compliance ratios).
 //!
-//! On the gateway's request path so far: the queue (`GATEWAY_QUEUE=on`) and
-//! the SLO windows. Not yet: the pool's routing (the simulator still runs
-//! one replica per model), reserved floors, and acting on preemption plans
-//! and the ladder (issue #16).
+//! On the request path so far: the queue (`GATEWAY_QUEUE=on`), the ladder
+//! and the SLO windows in the gateway, and the pool's routing in the
+//! engine's simulator (each model a pool of replicas). Not yet: dedicated
+//! replicas and reserved floors on the request path, and acting on
+//! preemption plans (issue #16).
 
 pub mod ladder;
 pub mod pool;

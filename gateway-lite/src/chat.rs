@@ -315,7 +315,7 @@ async fn handle(
                 ) {
                     telemetry::rejected(&caller.tenant_id, "no_capacity");
                 }
-                engine_error(refused)
+                GatewayError::from(refused)
             }
         });
     };
@@ -418,33 +418,5 @@ fn invalid(bad: Invalid) -> GatewayError {
     GatewayError::InvalidParam {
         param: bad.param.into(),
         message: bad.message,
-    }
-}
-
-fn engine_error(e: EngineError) -> GatewayError {
-    match e {
-        EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. } => {
-            GatewayError::NoCapacity(e.to_string())
-        }
-        EngineError::Upstream { .. } => GatewayError::Upstream(e.to_string()),
-        // The last three are the engine's HTTP server's own, never an engine call's.
-        EngineError::Stopped(_)
-        | EngineError::Profile(_)
-        | EngineError::Config(_)
-        | EngineError::PayloadTooLarge(_)
-        | EngineError::UnknownPath(_)
-        | EngineError::MethodNotAllowed(_)
-        | EngineError::Identity(_) => GatewayError::Engine(e.to_string()),
-        EngineError::UnknownModel(model) => GatewayError::UnknownModel(model),
-        EngineError::InvalidParam { param, message } => GatewayError::InvalidParam {
-            param: param.into(),
-            message,
-        },
-        EngineError::ContextTooLong { .. } | EngineError::BadRequest(_) => {
-            GatewayError::InvalidParam {
-                param: "messages".into(),
-                message: e.to_string(),
-            }
-        }
     }
 }

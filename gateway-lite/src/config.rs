@@ -51,6 +51,17 @@ pub struct GatewayConfig {
     /// gateway stops it (504 or an error chunk; billed for what it used).
     #[arg(long, env = "GATEWAY_REQUEST_TIMEOUT_SECS", default_value_t = 600)]
     pub request_timeout_secs: u64,
+    /// YAML or JSON file of the simulated models' profiles (`profiles:
+    /// [...]`, the engine's format, each with its `replicas`); the
+    /// reference profiles, one replica each, if unset.
+    #[arg(long, env = "ENGINE_PROFILES")]
+    pub engine_profiles: Option<PathBuf>,
+    /// Replicas per simulated model over the profiles' own, e.g.
+    /// `llama-3.1-70b=12,llama-3.1-8b=2`: each model is a pool, a request
+    /// goes to one of two replicas drawn at random, the one with more KV
+    /// headroom.
+    #[arg(long, env = "ENGINE_REPLICAS")]
+    pub engine_replicas: Option<String>,
     /// Simulated engine speed: 1 = real time, N = N times faster, 0 = no waiting.
     #[arg(long, env = "ENGINE_SPEEDUP", default_value_t = 1)]
     pub engine_speedup: u32,
@@ -139,7 +150,23 @@ impl GatewayConfig {
         })
     }
 
+    /// The simulated models: `ENGINE_PROFILES` (or the reference ones)
+    /// with `ENGINE_REPLICAS` applied, validated.
+    pub fn profiles(&self) -> Result<Vec<engine::ModelProfile>, GatewayError> {
+        let mut profiles = match &self.engine_profiles {
+            Some(path) => engine::ModelProfile::load(path)
+                .map_err(|e| GatewayError::Config(format!("ENGINE_PROFILES {e}")))?,
+            None => engine::ModelProfile::reference(),
+        };
+        if let Some(spec) = &self.engine_replicas {
+            engine::ModelProfile::set_replicas(&mut profiles, spec)
+                .map_err(|e| GatewayError::Config(format!("ENGINE_REPLICAS {e}")))?;
+        }
+        Ok(profiles)
+    }
+
     pub fn validate(&self) -> Result<(), GatewayError> {
+        self.profiles()?;
         if self.gateway_id.trim().is_empty() || self.gateway_id.len() > 200 {
             return Err(GatewayError::Config(
                 "GATEWAY_ID must be 1 to 200 characters".into(),

@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::openai::{ErrorBody, GENERIC_SERVER_ERROR};
+use engine::EngineError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -46,6 +47,12 @@ pub enum GatewayError {
     /// An HTTP upstream failed or could not be reached (502).
     #[error("the upstream engine failed: {0}")]
     Upstream(String),
+    /// The replica running the request died mid-way (502; the client is
+    /// told, and billed for what the request used; nothing is regenerated).
+    #[error(
+        "the replica running this request ({0}) failed; nothing was regenerated: retry the request"
+    )]
+    ReplicaFailed(String),
     /// The engine's replica is too full for this tenant's class.
     #[error("the gateway is shutting down; send new requests to another gateway")]
     Draining,
@@ -96,7 +103,7 @@ impl GatewayError {
             }
             Self::IdempotencyInFlight => StatusCode::CONFLICT,
             Self::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Upstream(_) => StatusCode::BAD_GATEWAY,
+            Self::Upstream(_) | Self::ReplicaFailed(_) => StatusCode::BAD_GATEWAY,
             Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Config(_)
             | Self::Database(_)
@@ -125,6 +132,7 @@ impl GatewayError {
             Self::QueueFull { .. } => ("queue", Some("queue_full")),
             Self::QueueTimeout(_) => ("queue", Some("queue_timeout")),
             Self::Timeout(_) => ("timeout", Some("request_timeout")),
+            Self::ReplicaFailed(_) => ("server_error", Some("replica_failed")),
             Self::RateLimited(r) => (r.limit.as_str(), Some("rate_limit_exceeded")),
             Self::IdempotencyInFlight => ("invalid_request_error", Some("idempotency_key_in_use")),
             Self::IdempotencyMismatch => ("invalid_request_error", Some("idempotency_key_reused")),
@@ -145,7 +153,7 @@ impl GatewayError {
         self.status_code().is_server_error()
             && !matches!(
                 self,
-                Self::Outbox(_) | Self::NoCapacity(_) | Self::Timeout(_)
+                Self::Outbox(_) | Self::NoCapacity(_) | Self::Timeout(_) | Self::ReplicaFailed(_)
             )
     }
 
@@ -194,5 +202,35 @@ impl IntoResponse for GatewayError {
             );
         }
         res
+    }
+}
+
+/// What the client is told when the engine said no or failed.
+impl From<EngineError> for GatewayError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. } => {
+                Self::NoCapacity(e.to_string())
+            }
+            EngineError::Upstream { .. } => Self::Upstream(e.to_string()),
+            EngineError::ReplicaFailed { replica, .. } => Self::ReplicaFailed(replica),
+            // The last three are the engine's HTTP server's own, never an engine call's.
+            EngineError::Stopped(_)
+            | EngineError::Profile(_)
+            | EngineError::Config(_)
+            | EngineError::PayloadTooLarge(_)
+            | EngineError::UnknownPath(_)
+            | EngineError::MethodNotAllowed(_)
+            | EngineError::Identity(_) => Self::Engine(e.to_string()),
+            EngineError::UnknownModel(model) => Self::UnknownModel(model),
+            EngineError::InvalidParam { param, message } => Self::InvalidParam {
+                param: param.into(),
+                message,
+            },
+            EngineError::ContextTooLong { .. } | EngineError::BadRequest(_) => Self::InvalidParam {
+                param: "messages".into(),
+                message: e.to_string(),
+            },
+        }
     }
 }

@@ -105,28 +105,33 @@ impl Run {
         let done = match ended {
             Ended::Done(done) => done,
             Ended::Failed(e) => {
+                // What the engine says the request used (a replica that
+                // died reports it), else the roofline's estimate.
+                let used = e.used().cloned();
                 let partial = Partial {
-                    produced: 0,
+                    produced: used.as_ref().map_or(0, |u| u.completion_tokens),
                     first_token_at: None,
                     reason: FinishReason::Error,
-                    used: None,
+                    used,
                 };
                 let answer = match self.record(self.partial_event(partial, false)).await {
-                    Ok(()) => Err(GatewayError::Engine(e.to_string())),
+                    Ok(()) => Err(GatewayError::from(e)),
                     Err(recorded) => Err(recorded),
                 };
                 let _ = reply.send(answer);
                 return;
             }
             Ended::ClientGone => {
-                let recorded = self.stop(generation, FinishReason::Cancelled, None).await;
+                let recorded = self
+                    .stop(generation, FinishReason::Cancelled, None, None)
+                    .await;
                 if let Err(e) = recorded {
                     tracing::error!(error = %e, "usage of a cancelled request was not recorded");
                 }
                 return;
             }
             Ended::TimedOut => {
-                let recorded = self.stop(generation, FinishReason::Error, None).await;
+                let recorded = self.stop(generation, FinishReason::Error, None, None).await;
                 let timeout = GatewayError::Timeout(self.state.request_timeout);
                 let _ = reply.send(Err(recorded.err().unwrap_or(timeout)));
                 return;
@@ -197,24 +202,23 @@ impl Run {
                 Err(e) => break Ended::Failed(e),
             }
         };
-        let (reason, told) = match ended {
+        let (reason, told, used) = match ended {
             Ended::Done(done) => return self.finish_stream(done, &chunks, transcript, tx).await,
-            Ended::ClientGone => (FinishReason::Cancelled, None),
+            Ended::ClientGone => (FinishReason::Cancelled, None, None),
             Ended::TimedOut => (
                 FinishReason::Error,
                 Some(GatewayError::Timeout(self.state.request_timeout)),
+                None,
             ),
             Ended::Failed(e) => {
                 tracing::error!(error = %e, "stream failed");
-                (
-                    FinishReason::Error,
-                    Some(GatewayError::Engine(e.to_string())),
-                )
+                let used = e.used().cloned();
+                (FinishReason::Error, Some(GatewayError::from(e)), used)
             }
         };
         // The client is billed the tokens it was sent.
         let streamed = Some((produced, first_token_at));
-        if let Err(e) = self.stop(generation, reason, streamed).await {
+        if let Err(e) = self.stop(generation, reason, streamed, used).await {
             tracing::error!(error = %e, "usage of a stream that did not complete was not recorded");
         }
         if let Some(told) = told {
@@ -232,8 +236,12 @@ impl Run {
         generation: Generation,
         reason: FinishReason,
         streamed: Option<(u64, Option<DateTime<Utc>>)>,
+        known: Option<Completion>,
     ) -> Result<(), GatewayError> {
-        let used = generation.cancel().await.ok();
+        let used = match known {
+            Some(used) => Some(used),
+            None => generation.cancel().await.ok(),
+        };
         let (produced, first_token_at) =
             streamed.unwrap_or_else(|| (used.as_ref().map_or(0, |c| c.completion_tokens), None));
         let partial = Partial {
@@ -391,8 +399,9 @@ impl Run {
 
     /// The event of a request that was cancelled or failed: the tokens the
     /// client was sent, and the GPU time and cached tokens the engine
-    /// reported when it stopped the request. When the engine could not say
-    /// (it failed), GPU time is the model's roofline estimate.
+    /// reported when it stopped the request (a replica that died reports
+    /// them too). When the engine could not say (an HTTP upstream failed),
+    /// GPU time is the model's roofline estimate.
     fn partial_event(&self, p: Partial, stream: bool) -> UsageEvent {
         let mut e = self.event();
         e.completion_tokens = p.produced as i64;

@@ -12,7 +12,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use engine::upstream::{self, Upstreams};
-use engine::{ModelProfile, Simulator};
+use engine::Simulator;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
@@ -147,10 +147,7 @@ pub async fn run(
             .map_err(|e| GatewayError::Config(format!("GATEWAY_UPSTREAMS {e}")))?,
         None => Vec::new(),
     };
-    let simulator = Arc::new(Simulator::new(
-        ModelProfile::reference(),
-        config.engine_speedup,
-    ));
+    let simulator = Arc::new(Simulator::new(config.profiles()?, config.engine_speedup));
     let cluster = match config.limits {
         LimitsMode::Shared => {
             Cluster::connect(&config.redis_url, &config.redis_prefix, &config.gateway_id).map_err(
