@@ -10,6 +10,10 @@ set -Eeuo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$ROOT"
 SUITE_STARTED=$(date +%s)
+# A one-shot build (CI's fresh clone) gains nothing from incremental
+# compilation's cache, which would add about 2 GB to target/.
+if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
+echo "== disk: $(df -h --output=avail "$ROOT" | tail -1 | tr -d ' ') free where target/ is built (the suite's build needs about 6 GB)"
 command -v cargo >/dev/null || { echo "error: cargo not found; install Rust with rustup" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 if ! cargo nextest --version >/dev/null 2>&1; then

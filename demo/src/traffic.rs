@@ -76,6 +76,10 @@ pub async fn drive(
             let rate = (rps / divisor).max(1);
             let mut tick =
                 tokio::time::interval(Duration::from_micros(1_000_000 / u64::from(rate)));
+            // A steady rate: ticks missed while this machine was busy are
+            // not sent later in one burst (the reference tenants' rates
+            // are averages, not catch-up bursts above the global burst).
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let end = Instant::now() + Duration::from_secs(seconds);
             let mut inflight = tokio::task::JoinSet::new();
             let mut n = 0u64;

@@ -401,6 +401,9 @@ impl State {
 /// How many times an admission may lease before it gives up (other
 /// requests of this gateway spent what it leased in between).
 const LEASE_TRIES: usize = 4;
+/// The longest an admission Redis found short waits for this gateway's
+/// other leases in flight to land before it retries.
+const LEASE_WAIT: Duration = Duration::from_millis(250);
 /// Leased units unused this long are given back.
 const GIVE_BACK_AFTER: Duration = Duration::from_secs(1);
 
@@ -411,6 +414,8 @@ pub struct Limiter {
     global: Option<RequestRate>,
     cluster: Cluster,
     scripts: Arc<shared::Scripts>,
+    /// Woken each time a lease call of this gateway lands.
+    leased: Arc<tokio::sync::Notify>,
     /// Each priority's share of its requests/s (the fairness layer).
     ladder: Option<crate::ladder::Ladder>,
 }
@@ -447,6 +452,7 @@ impl Limiter {
             global,
             cluster,
             scripts: Arc::default(),
+            leased: Arc::default(),
             ladder: None,
         }
     }
@@ -609,48 +615,64 @@ impl Limiter {
                 .scripts
                 .lease(&mut conn, gw, &self.cluster.alive_key(""), &only)
                 .await;
-            // Whether other admissions of this gateway were leasing too:
-            // their blocks may be what Redis is short of.
-            let others = {
+            // One critical section: this lease's grants are in the holdings
+            // before it stops counting as "leasing", so an admission that
+            // Redis found short and sees no lease out can trust that the
+            // holdings it retries from are complete.
+            let landed = self.leased.notified();
+            tokio::pin!(landed);
+            let (refused, others) = {
                 let mut st = self.lock();
                 st.leasing -= 1;
-                st.leasing > 0
-            };
-            match leased {
-                Ok(shared::Leased::Granted(grants)) => {
-                    let mut st = self.lock();
-                    if st.mode == Some(Mode::Shared) {
-                        for ((i, _), (granted, left)) in asks.iter().zip(grants) {
-                            st.add_lease(&demands[*i], granted, left, Instant::now());
+                let refused = match leased {
+                    Ok(shared::Leased::Granted(grants)) => {
+                        if st.mode == Some(Mode::Shared) {
+                            for ((i, _), (granted, left)) in asks.iter().zip(grants) {
+                                st.add_lease(&demands[*i], granted, left, Instant::now());
+                            }
                         }
+                        None
                     }
-                }
-                Ok(shared::Leased::Short { index, wait_ms }) => {
-                    // Concurrent admissions of this gateway lease at the
-                    // same time: Redis may be short because this gateway
-                    // holds (or is receiving) the blocks. Try again from
-                    // what it holds before refusing.
-                    {
-                        let mut st = self.lock();
+                    Ok(shared::Leased::Short { index, wait_ms }) => {
+                        // Concurrent admissions of this gateway lease at
+                        // the same time: Redis may be short because this
+                        // gateway holds (or is receiving) the blocks. Try
+                        // again from what it holds before refusing.
                         if st.mode == Some(Mode::Shared)
                             && st.admit_shared(&demands, &self.cluster, now).is_ok()
                         {
-                            return Ok(self.permit(&mut st, caller, &demands, ask));
+                            Some(Ok(self.permit(&mut st, caller, &demands, ask.clone())))
+                        } else {
+                            let d = asks
+                                .get(index)
+                                .and_then(|(i, _)| demands.get(*i))
+                                .unwrap_or(&demands[0]);
+                            Some(Err(d.rejected(Duration::from_millis(wait_ms))))
                         }
                     }
-                    let d = asks
-                        .get(index)
-                        .and_then(|(i, _)| demands.get(*i))
-                        .unwrap_or(&demands[0]);
-                    let refused = d.rejected(Duration::from_millis(wait_ms));
-                    if others {
-                        short = Some(refused);
-                        tokio::task::yield_now().await;
-                        continue;
+                    Err(e) => {
+                        self.cluster.failed(&e);
+                        None
                     }
-                    return Err(refused);
+                };
+                // Other admissions of this gateway still leasing: their
+                // blocks may be what Redis is short of. Listen for the
+                // next one to land before the lock is let go, so its
+                // wake-up cannot be missed.
+                landed.as_mut().enable();
+                (refused, st.leasing > 0)
+            };
+            self.leased.notify_waiters();
+            match refused {
+                Some(Ok(permit)) => return Ok(permit),
+                Some(Err(refused)) if !others => return Err(refused),
+                Some(Err(refused)) => {
+                    // Retry from the holdings once a lease lands (bounded:
+                    // a missed wake-up costs a retry, never a hang).
+                    short = Some(refused);
+                    let _ = tokio::time::timeout(LEASE_WAIT, landed).await;
                 }
-                Err(e) => self.cluster.failed(&e),
+                None => {}
             }
         }
         // Leased several times and others of this gateway spent it first:
