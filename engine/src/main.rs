@@ -26,6 +26,9 @@ struct EngineConfig {
     /// Replicas per model over the profiles' own (`llama-3.1-70b=12,llama-3.1-8b=2`).
     #[arg(long, env = "ENGINE_REPLICAS")]
     replicas: Option<String>,
+    /// Replicas dedicated to tenants (`llama-3.1-70b:acme-corp=4`).
+    #[arg(long, env = "ENGINE_DEDICATED")]
+    dedicated: Option<String>,
     /// Pacing: 1 = real time, N = N times faster, 0 = no waiting (figures unchanged).
     #[arg(long, env = "ENGINE_SPEEDUP", default_value_t = 1)]
     speedup: u32,
@@ -69,6 +72,9 @@ async fn main() -> anyhow::Result<()> {
     };
     if let Some(spec) = &config.replicas {
         ModelProfile::set_replicas(&mut profiles, spec).context("ENGINE_REPLICAS")?;
+    }
+    if let Some(spec) = &config.dedicated {
+        ModelProfile::set_dedicated(&mut profiles, spec).context("ENGINE_DEDICATED")?;
     }
     let sim = Arc::new(Simulator::try_new(profiles, config.speedup)?);
     let listener = tokio::net::TcpListener::bind(config.addr)

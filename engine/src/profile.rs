@@ -66,6 +66,12 @@ pub struct ModelProfile {
     /// routed by power of two choices on KV headroom; see `simulator`).
     #[serde(default = "default_replicas")]
     pub replicas: u32,
+    /// Replicas dedicated to a tenant, by tenant id: the first replicas of
+    /// the pool, in the order of the tenants' names. No other tenant's
+    /// request starts on them while the owner has work there; while it has
+    /// none they are lent.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub dedicated: std::collections::BTreeMap<String, u32>,
 }
 
 /// The most replicas one profile may ask for.
@@ -161,6 +167,7 @@ impl ModelProfile {
                 max_running: 256,
                 tenant_cache_quota_percent: 25,
                 replicas: 1,
+                dedicated: Default::default(),
             },
             Self {
                 name: "llama-3.1-70b".into(),
@@ -178,6 +185,7 @@ impl ModelProfile {
                 max_running: 256,
                 tenant_cache_quota_percent: 25,
                 replicas: 1,
+                dedicated: Default::default(),
             },
             Self {
                 name: "frontier-405b".into(),
@@ -196,6 +204,7 @@ impl ModelProfile {
                 max_running: 256,
                 tenant_cache_quota_percent: 25,
                 replicas: 1,
+                dedicated: Default::default(),
             },
         ]
     }
@@ -240,6 +249,39 @@ impl ModelProfile {
                 .find(|p| p.name == model.trim())
                 .ok_or_else(|| bad(format!("no profile is named {:?}", model.trim())))?;
             profile.replicas = count;
+        }
+        Ok(())
+    }
+
+    /// Dedicates replicas to tenants from `spec`, `model:tenant=count`
+    /// triples separated by commas (`llama-3.1-70b:acme-corp=4`; the
+    /// `ENGINE_DEDICATED` setting). Checked like the profiles themselves
+    /// (at most the pool's replicas in all).
+    pub fn set_dedicated(profiles: &mut [Self], spec: &str) -> Result<(), ProfileError> {
+        for triple in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let bad = |message: String| ProfileError::Invalid {
+                name: triple.to_owned(),
+                message,
+            };
+            let parsed = triple.split_once(':').and_then(|(model, rest)| {
+                let (tenant, count) = rest.split_once('=')?;
+                Some((
+                    model.trim(),
+                    tenant.trim(),
+                    count.trim().parse::<u32>().ok()?,
+                ))
+            });
+            let (model, tenant, count) =
+                parsed.ok_or_else(|| bad("expected model:tenant=count".into()))?;
+            if tenant.is_empty() {
+                return Err(bad("the tenant is empty".into()));
+            }
+            let profile = profiles
+                .iter_mut()
+                .find(|p| p.name == model)
+                .ok_or_else(|| bad(format!("no profile is named {model:?}")))?;
+            profile.dedicated.insert(tenant.to_owned(), count);
+            profile.validate()?;
         }
         Ok(())
     }
@@ -298,6 +340,13 @@ impl ModelProfile {
         if !(1..=MAX_REPLICAS).contains(&self.replicas) {
             return Err(bad(format!(
                 "replicas must be between 1 and {MAX_REPLICAS}, got {}",
+                self.replicas
+            )));
+        }
+        let dedicated: u64 = self.dedicated.values().map(|&n| u64::from(n)).sum();
+        if dedicated > u64::from(self.replicas) || self.dedicated.values().any(|&n| n == 0) {
+            return Err(bad(format!(
+                "dedicated replicas ({dedicated} in all, each tenant at least 1) must fit in its {} replicas",
                 self.replicas
             )));
         }
@@ -450,6 +499,19 @@ mod tests {
             ("llama-3.1-70b", "model=count"),
         ] {
             let err = ModelProfile::set_replicas(&mut profiles, spec)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{spec}: {err}");
+        }
+        ModelProfile::set_dedicated(&mut profiles, "llama-3.1-70b:acme-corp=4").unwrap();
+        assert_eq!(profiles[1].dedicated["acme-corp"], 4);
+        for (spec, named) in [
+            ("llama-3.1-70b:medai=9", "must fit in its 12 replicas"),
+            ("llama-3.1-70b:medai=0", "at least 1"),
+            ("llama-3.1-70b=4", "model:tenant=count"),
+            ("gpt-5:acme-corp=1", "gpt-5"),
+        ] {
+            let err = ModelProfile::set_dedicated(&mut profiles.clone(), spec)
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(named), "{spec}: {err}");

@@ -15,6 +15,11 @@
 //! and the request tries another; when none can admit it the caller gets
 //! [`EngineError::NoCapacity`] (and queues, or answers 503).
 //!
+//! **Dedicated replicas** (the profile's `dedicated`): the pool's first
+//! replicas belong to a tenant. Its requests go there first; while it has a
+//! request running on one, nobody else's starts there; while it has none
+//! there, the replica is lent like any other (`fleet::pool`'s rules).
+//!
 //! **A replica that dies** ([`Simulator::fail_replica`]) leaves the pool at
 //! once; every request it was running or holding ends with
 //! [`EngineError::ReplicaFailed`], carrying what the request used until then
@@ -129,7 +134,7 @@ struct Router {
 struct ModelPool {
     profile: ModelProfile,
     replicas: Vec<ReplicaHandle>,
-    router: Mutex<Router>,
+    router: Arc<Mutex<Router>>,
     /// KV bytes one block holds on this model.
     block_bytes: u64,
 }
@@ -155,18 +160,30 @@ impl ModelPool {
                 }
             })
             .collect();
+        // The first replicas are the dedicated ones, by tenant name.
+        let owners = profile
+            .dedicated
+            .iter()
+            .flat_map(|(tenant, &n)| std::iter::repeat_n(tenant, n as usize));
+        let mut owners = owners.fuse();
         let pool = fleet::pool::Pool::new(
             replicas
                 .iter()
-                .map(|h| fleet::pool::Replica::new(h.replica_id.clone(), capacity))
+                .map(|h| {
+                    let r = fleet::pool::Replica::new(h.replica_id.clone(), capacity);
+                    match owners.next() {
+                        Some(owner) => r.owned_by(owner.clone()),
+                        None => r,
+                    }
+                })
                 .collect(),
         );
         Self {
-            router: Mutex::new(Router {
+            router: Arc::new(Mutex::new(Router {
                 pool,
                 seen: vec![0; replicas.len()],
                 rng: StdRng::seed_from_u64(0x5eed),
-            }),
+            })),
             replicas,
             profile: profile.clone(),
             block_bytes,
@@ -215,15 +232,33 @@ impl ModelPool {
         self.handle(id).map(|(i, _)| i)
     }
 
-    /// Replica `i` refused a request for its class: full by the router's
-    /// view until it publishes again.
-    fn refused(&self, i: usize) {
+    /// Replica `i` refused a request of `tenant` for its class: full by
+    /// the router's view until it publishes again, and the request no
+    /// longer counts there.
+    fn refused(&self, i: usize, tenant: &str) {
         let mut r = self.router();
         let id = &self.replicas[i].replica_id;
         if let Some(at) = r.pool.replicas().iter().position(|p| &p.id == id) {
             let full = r.pool.replicas()[at].kv_capacity;
             r.pool.observe(at, full);
+            r.pool.finished(at, tenant);
         }
+    }
+
+    /// What ends the request's stay on replica `i` in the router's books,
+    /// if the router counts it there (its owner's requests only).
+    fn stay(&self, i: usize, tenant: &str) -> Option<Stay> {
+        let id = &self.replicas[i].replica_id;
+        self.router()
+            .pool
+            .replicas()
+            .iter()
+            .any(|p| &p.id == id && p.owner.as_deref() == Some(tenant))
+            .then(|| Stay {
+                router: self.router.clone(),
+                replica_id: id.clone(),
+                tenant: tenant.to_owned(),
+            })
     }
 
     /// The least KV occupancy among the live replicas, percent (for the
@@ -412,6 +447,7 @@ impl Simulator {
                         let _ = tx.send(Command::Fail);
                     }
                     return Ok(Generation {
+                        _stay: pool.stay(i, &req.tenant_id),
                         model_version: profile.version.clone(),
                         replica_id: handle.replica_id.clone(),
                         words,
@@ -420,7 +456,7 @@ impl Simulator {
                         model: req.model.clone(),
                     });
                 }
-                Some(Err(EngineError::NoCapacity { .. })) => pool.refused(i),
+                Some(Err(EngineError::NoCapacity { .. })) => pool.refused(i, &req.tenant_id),
                 Some(Err(e)) => return Err(e),
                 // The replica died before it took the request: nothing ran.
                 None if handle.dead.load(Ordering::Acquire) => {}
@@ -440,8 +476,31 @@ impl Simulator {
     }
 }
 
+/// An owner's request on its dedicated replica, as the router counts it
+/// (no other tenant starts there meanwhile); dropped when it ends.
+struct Stay {
+    router: Arc<Mutex<Router>>,
+    replica_id: String,
+    tenant: String,
+}
+
+impl Drop for Stay {
+    fn drop(&mut self) {
+        let mut r = self.router.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(at) = r
+            .pool
+            .replicas()
+            .iter()
+            .position(|p| p.id == self.replica_id)
+        {
+            r.pool.finished(at, &self.tenant);
+        }
+    }
+}
+
 /// A request running on a replica. Dropping it unfinished cancels it.
 pub struct Generation {
+    _stay: Option<Stay>,
     model_version: String,
     replica_id: String,
     model: String,

@@ -119,3 +119,49 @@ async fn with_every_replica_dead_a_request_is_refused_not_hung() {
         "{refused:?}"
     );
 }
+
+#[tokio::test]
+async fn a_dedicated_replica_is_its_owners_while_it_runs_there_and_lent_when_idle() {
+    let mut profiles = ModelProfile::reference();
+    ModelProfile::set_replicas(&mut profiles, &format!("{MODEL}=4")).unwrap();
+    ModelProfile::set_dedicated(&mut profiles, &format!("{MODEL}:acme=2")).unwrap();
+    let sim = Simulator::new(profiles, 1);
+    let owned = [format!("{MODEL}-r0"), format!("{MODEL}-r1")];
+    let as_tenant = |tenant: &str, n: u64| CompletionRequest {
+        tenant_id: tenant.into(),
+        ..req(n)
+    };
+    // The owner's requests go to its own replicas first.
+    let mut acme = Vec::new();
+    for n in 0..4 {
+        let g = sim.start(&as_tenant("acme", n), false).await.unwrap();
+        assert!(
+            owned.contains(&g.replica_id().to_owned()),
+            "{}",
+            g.replica_id()
+        );
+        acme.push(g);
+    }
+    // While it runs there, nobody else starts there.
+    let mut others = Vec::new();
+    for n in 10..40 {
+        let g = sim.start(&as_tenant("codegen", n), false).await.unwrap();
+        assert!(
+            !owned.contains(&g.replica_id().to_owned()),
+            "{}",
+            g.replica_id()
+        );
+        others.push(g);
+    }
+    // The owner idle: its replicas, now the emptiest, are lent.
+    for g in acme {
+        g.cancel().await.unwrap();
+    }
+    let mut lent = 0;
+    for n in 40..60 {
+        let g = sim.start(&as_tenant("codegen", n), false).await.unwrap();
+        lent += u32::from(owned.contains(&g.replica_id().to_owned()));
+        others.push(g);
+    }
+    assert!(lent > 0, "an idle owner's replicas are lent");
+}

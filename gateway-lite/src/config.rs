@@ -62,6 +62,12 @@ pub struct GatewayConfig {
     /// headroom.
     #[arg(long, env = "ENGINE_REPLICAS")]
     pub engine_replicas: Option<String>,
+    /// Replicas dedicated to tenants, e.g. `llama-3.1-70b:acme-corp=4`: the
+    /// owner's requests go there first, and no other tenant's request
+    /// starts there while the owner has work on them (they are lent while
+    /// it has none).
+    #[arg(long, env = "ENGINE_DEDICATED")]
+    pub engine_dedicated: Option<String>,
     /// Simulated engine speed: 1 = real time, N = N times faster, 0 = no waiting.
     #[arg(long, env = "ENGINE_SPEEDUP", default_value_t = 1)]
     pub engine_speedup: u32,
@@ -161,6 +167,10 @@ impl GatewayConfig {
         if let Some(spec) = &self.engine_replicas {
             engine::ModelProfile::set_replicas(&mut profiles, spec)
                 .map_err(|e| GatewayError::Config(format!("ENGINE_REPLICAS {e}")))?;
+        }
+        if let Some(spec) = &self.engine_dedicated {
+            engine::ModelProfile::set_dedicated(&mut profiles, spec)
+                .map_err(|e| GatewayError::Config(format!("ENGINE_DEDICATED {e}")))?;
         }
         Ok(profiles)
     }
