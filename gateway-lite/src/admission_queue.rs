@@ -48,6 +48,9 @@ struct ModelQueue {
 #[derive(Clone)]
 pub struct Queues {
     models: Arc<HashMap<String, Arc<ModelQueue>>>,
+    /// One line for everyone: no priority levels, no weights (the
+    /// noisy-neighbour drill's baseline, never a gateway setting).
+    fifo: bool,
 }
 
 impl std::fmt::Debug for Queues {
@@ -80,6 +83,17 @@ impl Queues {
     /// A queue for each of `models`, `depth` per priority level, each
     /// woken every [`TICK`] by a task of its own.
     pub fn new(models: impl IntoIterator<Item = String>, depth: usize) -> Self {
+        Self::build(models, depth, false)
+    }
+
+    /// Like [`Queues::new`], but a plain FIFO: every request in one line,
+    /// whatever its tenant and priority. What the fair queue is measured
+    /// against; no gateway runs it.
+    pub fn fifo(models: impl IntoIterator<Item = String>, depth: usize) -> Self {
+        Self::build(models, depth, true)
+    }
+
+    fn build(models: impl IntoIterator<Item = String>, depth: usize, fifo: bool) -> Self {
         let config = fleet::QueueConfig {
             depth: [depth; fleet::queue::LEVELS],
         };
@@ -94,6 +108,7 @@ impl Queues {
             .collect();
         let queues = Self {
             models: Arc::new(models),
+            fifo,
         };
         let ticking = queues.clone();
         if tokio::runtime::Handle::try_current().is_ok() {
@@ -130,14 +145,13 @@ impl Queues {
         let (tx, rx) = oneshot::channel();
         let ticket = {
             let mut queue = q.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            let (tenant, priority, weight) = if self.fifo {
+                ("*", 1, 1)
+            } else {
+                (caller.tenant_id.as_str(), caller.priority, caller.weight)
+            };
             queue
-                .push(
-                    &caller.tenant_id,
-                    caller.priority,
-                    caller.weight,
-                    cost_gpu_micros,
-                    tx,
-                )
+                .push(tenant, priority, weight, cost_gpu_micros, tx)
                 .map_err(|f| NotRun::Full {
                     level: f.level,
                     depth: f.depth,

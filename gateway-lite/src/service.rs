@@ -232,30 +232,7 @@ pub async fn run(
         }),
         ladder,
     };
-    if let (Some(ladder), Some(queues)) = (state.ladder.clone(), state.queues.clone()) {
-        let (engine, slo) = (state.engine.clone(), state.slo.clone());
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(crate::ladder::EVERY);
-            loop {
-                tick.tick().await;
-                let snapshots = engine.simulator().snapshots();
-                let models: Vec<(String, Vec<f64>, usize)> = engine
-                    .models()
-                    .iter()
-                    .filter(|m| queues.serves(&m.name))
-                    .map(|m| {
-                        let kv = snapshots
-                            .iter()
-                            .filter(|s| s.model == m.name)
-                            .map(|s| s.kv_usage)
-                            .collect();
-                        (m.name.clone(), kv, queues.depth_from(&m.name, 3))
-                    })
-                    .collect();
-                ladder.evaluate(&models, &slo, std::time::Instant::now());
-            }
-        });
-    }
+    crate::ladder::spawn(&state);
     let runs = state.runs.clone();
     // Fail readiness first, keep accepting while the load balancer notices,
     // then stop accepting (serving drains what is in flight).

@@ -1,0 +1,82 @@
+//! The noisy-neighbour drill (REFERENCE.md): codegen-platform submits
+//! 5,000 requests in 30 s while acme-corp sends 200 requests/s and the
+//! other three tenants send at their reference rates, on a simulated pool
+//! of 12 replicas of the 70B profile, acme-corp owning 4 of them. The same
+//! traffic is replayed three times through a real gateway (in process, on a
+//! loopback socket, the engine in real time):
+//!
+//! - **fair**: the fairness layer on (the gateway's `GATEWAY_QUEUE=on`:
+//!   priority levels and WFQ before the engine, the degradation ladder),
+//!   every tenant's limits, acme's dedicated replicas;
+//! - **uncapped**: the same, with every tenant's rate and concurrency caps
+//!   lifted, and no global bucket: the fairness layer alone against the
+//!   whole burst;
+//! - **classes only**: today's default gateway — limits, the replicas' KV
+//!   admission by class (60/85/92%), 503 when no replica admits, dedicated
+//!   replicas;
+//! - **FIFO**: the reference incident — one first-in-first-out line in
+//!   front of a shared pool, no priorities, no weights, no dedicated
+//!   replicas, every tenant at the standard class with its rate and
+//!   concurrency caps lifted.
+//!
+//! Each replay prints what every tenant got, the criteria with their
+//! measured figures and pass/fail, and the GPU time the replicas spent
+//! against what the usage events bill. The FIFO replay must breach acme's
+//! SLO; if it does not, the load is too light to prove anything and the
+//! drill says so.
+//!
+//! ```sh
+//! cargo build --release -p bench --bin drill && target/release/drill
+//! ```
+//!
+//! No Postgres, broker or Redis: the gateway's limits are in memory and its
+//! usage events stay in a temporary outbox, read back for the bills.
+
+mod gateway;
+mod report;
+mod traffic;
+
+use clap::Parser;
+
+/// The drill's settings; the defaults are the reference drill.
+#[derive(Debug, Clone, Parser)]
+#[command(about = "The noisy-neighbour drill: fair, classes only and FIFO, side by side")]
+pub struct Drill {
+    /// Seconds of traffic before codegen's burst starts.
+    #[arg(long, default_value_t = 10)]
+    pub warmup_secs: u64,
+    /// codegen-platform's burst: this many requests...
+    #[arg(long, default_value_t = 5_000)]
+    pub burst_requests: u64,
+    /// ...spread evenly over this many seconds.
+    #[arg(long, default_value_t = 30)]
+    pub burst_secs: u64,
+    /// Seconds of traffic after the burst.
+    #[arg(long, default_value_t = 10)]
+    pub cooldown_secs: u64,
+    /// Replicas of the 70B profile in the pool.
+    #[arg(long, default_value_t = 12)]
+    pub replicas: u32,
+    /// Of which acme-corp owns this many.
+    #[arg(long, default_value_t = 4)]
+    pub dedicated: u32,
+    /// Only these replays (fair, fair-uncapped, classes, fifo), comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [gateway::Mode::Fair, gateway::Mode::FairUncapped, gateway::Mode::Classes, gateway::Mode::Fifo])]
+    pub modes: Vec<gateway::Mode>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let drill = Drill::parse();
+    report::preamble(&drill);
+    let mut verdicts = Vec::new();
+    for &mode in &drill.modes {
+        let gw = gateway::start(mode, &drill).await?;
+        let outcomes = traffic::replay(&gw.url, &drill).await;
+        let replay = report::Replay::of(mode, &drill, &outcomes, &gw).await?;
+        replay.print();
+        verdicts.push(replay);
+    }
+    report::closing(&verdicts);
+    Ok(())
+}

@@ -1,0 +1,265 @@
+//! What a replay measured, the criteria with pass/fail, and the bills.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Duration;
+
+use bench::percentiles::Percentiles;
+use rust_decimal::Decimal;
+
+use crate::gateway::{Gateway, Mode, TENANTS};
+use crate::traffic::Outcome;
+use crate::Drill;
+
+/// The windows acme's TTFT p95 is judged in.
+const WINDOW: Duration = Duration::from_secs(5);
+
+/// Writes a line of the report to stdout (the drill's output is its report).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+pub fn preamble(drill: &Drill) {
+    say!(
+        "noisy-neighbour drill: {} replicas of the 70B profile ({} dedicated to acme-corp outside FIFO), \
+         engine in real time",
+        drill.replicas,
+        drill.dedicated
+    );
+    say!(
+        "traffic: {} s warm-up, codegen-platform's burst of {} requests in {} s, {} s after; \
+         acme-corp 200/s streamed (120-token prompts, 12 tokens out), medai-labs 50/s, \
+         finserv-team 30/s, research-squad 10/s (short), codegen 2,000-token prompts with up to 200 tokens out",
+        drill.warmup_secs,
+        drill.burst_requests,
+        drill.burst_secs,
+        drill.cooldown_secs
+    );
+}
+
+/// One tenant's line.
+#[derive(Debug, Default, Clone)]
+struct Line {
+    sent: u64,
+    ok: u64,
+    refused_429: u64,
+    refused_503: u64,
+    failed: u64,
+    ttft_ms: Vec<f64>,
+    e2e_ms: Vec<f64>,
+    gpu_seconds: Decimal,
+    preempted: Decimal,
+    /// Refusals and errors by their OpenAI `code` (or limit type).
+    why: BTreeMap<String, u64>,
+}
+
+/// One replay's figures.
+pub struct Replay {
+    mode: Mode,
+    lines: Vec<Line>,
+    /// acme-corp's TTFT p95 in each window with samples: (window start s, p95 ms).
+    acme_windows: Vec<(u64, f64)>,
+    codegen_beyond_bucket: u64,
+    codegen_e2e_p95_ms: f64,
+    busy_gpu_seconds: Decimal,
+    idle_gpu_seconds: Decimal,
+    events: u64,
+}
+
+fn gpu_seconds(micros: u64) -> Decimal {
+    Decimal::new(micros as i64, 6)
+}
+
+impl Replay {
+    pub async fn of(
+        mode: Mode,
+        drill: &Drill,
+        outcomes: &[Outcome],
+        gw: &Gateway,
+    ) -> anyhow::Result<Self> {
+        let mut lines = vec![Line::default(); TENANTS.len()];
+        let mut acme: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+        for o in outcomes {
+            let l = &mut lines[o.tenant];
+            l.sent += 1;
+            match o.status {
+                200 => {
+                    l.ok += 1;
+                    l.e2e_ms.push(o.e2e.as_secs_f64() * 1000.0);
+                    if let Some(t) = o.ttft {
+                        let ms = t.as_secs_f64() * 1000.0;
+                        l.ttft_ms.push(ms);
+                        if o.tenant == 0 {
+                            let w = o.sent_at.as_secs() / WINDOW.as_secs() * WINDOW.as_secs();
+                            acme.entry(w).or_default().push(ms);
+                        }
+                    }
+                }
+                429 => l.refused_429 += 1,
+                503 => l.refused_503 += 1,
+                _ => l.failed += 1,
+            }
+            if o.status != 200 {
+                let why = o
+                    .code
+                    .clone()
+                    .unwrap_or_else(|| format!("status {}", o.status));
+                *l.why.entry(why).or_default() += 1;
+            }
+        }
+        let events = gw.outbox.peek(usize::MAX)?;
+        for e in &events {
+            let event = usage_contract::decode(&e.payload, chrono::Utc::now())
+                .map_err(|v| anyhow::anyhow!("an event of the drill is not valid: {v:?}"))?;
+            if let Some(i) = TENANTS.iter().position(|t| t.id == event.tenant_id) {
+                lines[i].gpu_seconds += event.gpu_seconds;
+                lines[i].preempted += event.preempted_gpu_seconds;
+            }
+        }
+        let (mut busy, mut idle) = (0u64, 0u64);
+        for s in gw.simulator.snapshots() {
+            busy += s.stats.busy_micros * s.gpus;
+            idle += s.stats.idle_micros * s.gpus;
+        }
+        let codegen = &lines[4];
+        let allowance = u64::from(TENANTS[4].rate.burst)
+            + u64::from(TENANTS[4].rate.per_second) * drill.burst_secs;
+        Ok(Self {
+            mode,
+            acme_windows: acme
+                .into_iter()
+                .map(|(w, ms)| (w, Percentiles::new(ms).at(0.95)))
+                .collect(),
+            codegen_beyond_bucket: codegen.ok.saturating_sub(allowance),
+            codegen_e2e_p95_ms: Percentiles::new(codegen.e2e_ms.clone()).at(0.95),
+            busy_gpu_seconds: gpu_seconds(busy),
+            idle_gpu_seconds: gpu_seconds(idle),
+            events: events.len() as u64,
+            lines,
+        })
+    }
+
+    fn acme_worst_window_ms(&self) -> f64 {
+        self.acme_windows
+            .iter()
+            .map(|(_, p)| *p)
+            .fold(f64::NAN, f64::max)
+    }
+
+    fn acme_ok(&self) -> bool {
+        !self.acme_windows.is_empty() && self.acme_worst_window_ms() < 200.0
+    }
+
+    pub fn print(&self) {
+        say!("\n== {}", self.mode.title());
+        say!(
+            "{:<18} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10} {:>10} {:>14} {:>12}",
+            "tenant",
+            "sent",
+            "ok",
+            "429",
+            "503",
+            "error",
+            "TTFT p95",
+            "e2e p95",
+            "GPU-seconds",
+            "preempted"
+        );
+        for (t, l) in TENANTS.iter().zip(&self.lines) {
+            let ms = |v: &[f64]| {
+                let p = Percentiles::new(v.to_vec()).at(0.95);
+                if p.is_nan() {
+                    "-".to_owned()
+                } else {
+                    format!("{p:.0} ms")
+                }
+            };
+            let why: Vec<String> = l.why.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            say!(
+                "{:<18} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10} {:>10} {:>14} {:>12}  {}",
+                t.id,
+                l.sent,
+                l.ok,
+                l.refused_429,
+                l.refused_503,
+                l.failed,
+                ms(&l.ttft_ms),
+                ms(&l.e2e_ms),
+                l.gpu_seconds,
+                l.preempted,
+                why.join(", ")
+            );
+        }
+        let windows: Vec<String> = self
+            .acme_windows
+            .iter()
+            .map(|(w, p)| format!("{w}s:{p:.0}"))
+            .collect();
+        say!(
+            "acme-corp TTFT p95 by 5 s window (ms): {}",
+            windows.join(" ")
+        );
+        let verdict = |ok: bool| if ok { "pass" } else { "FAIL" };
+        say!(
+            "  [{}] fewer than 10 of the burst admitted beyond codegen's bucket: {} beyond",
+            verdict(self.codegen_beyond_bucket < 10),
+            self.codegen_beyond_bucket
+        );
+        say!(
+            "  [{}] acme-corp's TTFT p95 under 200 ms in every 5 s window: worst {:.0} ms",
+            verdict(self.acme_ok()),
+            self.acme_worst_window_ms()
+        );
+        say!("  [n/a ] acme recovers within 15 s of a preemption: preemption is not built, it never activates");
+        say!(
+            "  [{}] codegen's admitted work completes within its 30 s SLO: p95 {:.1} s",
+            verdict(self.codegen_e2e_p95_ms.is_nan() || self.codegen_e2e_p95_ms <= 30_000.0),
+            self.codegen_e2e_p95_ms / 1000.0
+        );
+        let attributed: Decimal = self.lines.iter().map(|l| l.gpu_seconds).sum();
+        let wasted: Decimal = self.lines.iter().map(|l| l.preempted).sum();
+        say!(
+            "  bills: {} usage events; attributed {} GPU-s (of which preemption waste {}) + idle {} GPU-s \
+             = {} GPU-s; the replicas were busy {} GPU-s and idle {} GPU-s",
+            self.events,
+            attributed,
+            wasted,
+            self.idle_gpu_seconds,
+            attributed + self.idle_gpu_seconds,
+            self.busy_gpu_seconds,
+            self.idle_gpu_seconds
+        );
+        say!(
+            "  [{}] attributed GPU-seconds equal the replicas' busy GPU-seconds exactly",
+            verdict(attributed == self.busy_gpu_seconds)
+        );
+        say!("  [n/a ] reserved and idle lines on the bill: not built (idle is counted here, not billed)");
+    }
+}
+
+pub fn closing(replays: &[Replay]) {
+    say!("\n== side by side: acme-corp's worst 5 s TTFT p95, its requests answered, codegen's e2e p95");
+    for r in replays {
+        let acme = &r.lines[0];
+        say!(
+            "{:<14} {:>8.0} ms  {:>6} of {:<6} {:>8.1} s",
+            r.mode.to_string(),
+            r.acme_worst_window_ms(),
+            acme.ok,
+            acme.sent,
+            r.codegen_e2e_p95_ms / 1000.0
+        );
+    }
+    if let Some(fifo) = replays.iter().find(|r| r.mode == Mode::Fifo) {
+        if fifo.acme_ok() {
+            say!(
+                "FIFO did not breach acme-corp's SLO: the load is too light to prove anything \
+                 (raise --burst-requests or lower --replicas)"
+            );
+        } else {
+            say!("FIFO breached acme-corp's SLO, as the reference incident did: the load is heavy enough to judge the others");
+        }
+    }
+}
