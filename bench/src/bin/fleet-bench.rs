@@ -1,7 +1,10 @@
 //! The fair queue's own cost: nanoseconds per enqueue + dequeue with
 //! 10,000 requests waiting across the five reference tenants (each at its
 //! priority level, with its WFQ weight), next to a plain FIFO (`VecDeque`)
-//! doing the same in the same run — the cost of fairness itself.
+//! doing the same in the same run — the cost of fairness itself. And the
+//! router's: nanoseconds to place a request on a pool of 12 replicas by
+//! power of two choices on KV headroom (a fresh reading of one replica
+//! every 12 placements), next to round robin.
 //!
 //! ```sh
 //! cargo build --release -p bench --bin fleet-bench && target/release/fleet-bench [queued] [rounds]
@@ -11,7 +14,9 @@ use std::collections::VecDeque;
 use std::hint::black_box;
 use std::time::Instant;
 
+use fleet::pool::{Placement, Pool, Replica};
 use fleet::{Queue, QueueConfig};
+use rand::SeedableRng;
 
 /// (tenant, priority, weight) of the reference tenants.
 const TENANTS: [(&str, i16, u32); 5] = [
@@ -64,6 +69,13 @@ fn main() -> anyhow::Result<()> {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    let (mut p2c_ns, mut rr_ns) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let (p2c, rr) = routing(ops);
+        p2c_ns.push(p2c);
+        rr_ns.push(rr);
+    }
+    let (p2c, rr) = (median(&mut p2c_ns), median(&mut rr_ns));
     let (fair, fifo) = (median(&mut fair_ns), median(&mut fifo_ns));
     eprintln!(
         "{queued} queued across 5 tenants and 5 levels, {ops} enqueue+dequeue pairs, median of {rounds} rounds\n  \
@@ -72,5 +84,43 @@ fn main() -> anyhow::Result<()> {
          fairness costs {:.0} ns more per request",
         fair - fifo
     );
+    eprintln!(
+        "12 replicas, {ops} placements, median of {rounds} rounds\n  \
+         power of two choices on KV headroom: {p2c:.0} ns per placement\n  \
+         round robin:                         {rr:.0} ns per placement"
+    );
     Ok(())
+}
+
+/// ns per placement: power of two choices on a 12-replica pool (one
+/// replica re-read every 12 placements), and round robin.
+fn routing(ops: u64) -> (f64, f64) {
+    const GIB: u64 = 1 << 30;
+    let mut pool = Pool::new(
+        (0..12)
+            .map(|i| Replica::new(format!("llama-3.1-70b-r{i}"), 172 * GIB))
+            .collect(),
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let placement = Placement {
+        tenant: "acme-corp",
+        kv: 50 << 20,
+        threshold_percent: 92,
+        owner_waiting: false,
+    };
+    let started = Instant::now();
+    for i in 0..ops {
+        if i % 12 == 0 {
+            // A snapshot arrives: that replica's KV back to a steady level.
+            pool.observe((i / 12 % 12) as usize, 40 * GIB);
+        }
+        black_box(pool.route(&placement, &mut rng));
+    }
+    let p2c = started.elapsed().as_nanos() as f64 / ops as f64;
+    let started = Instant::now();
+    for i in 0..ops {
+        black_box(i % 12);
+    }
+    let rr = started.elapsed().as_nanos() as f64 / ops as f64;
+    (p2c, rr)
 }
