@@ -20,9 +20,13 @@
 //! broker acknowledged, as in a deployed gateway; without it the outbox
 //! only grows.
 //!
+//! `limits` as the third argument compares limits in memory with limits
+//! shared through Redis instead; `fairness` compares the gateway with the
+//! fairness layer off and on (`GATEWAY_QUEUE`), on a pool of 12 replicas.
+//!
 //! ```sh
 //! cargo build --release -p bench --bin gateway-bench && . .stack/env &&
-//!   target/release/gateway-bench [rate] [seconds] [serving|plain]
+//!   target/release/gateway-bench [rate] [seconds] [serving|plain|limits|fairness]
 //! ```
 
 use std::collections::HashMap;
@@ -66,8 +70,11 @@ async fn main() -> anyhow::Result<()> {
         None | Some("serving") => false,
         Some("plain") => true,
         Some("limits") => return limits(rate, secs).await,
+        Some("fairness") => return fairness(rate, secs).await,
         Some(other) => {
-            anyhow::bail!("third argument must be serving, plain or limits, got {other:?}")
+            anyhow::bail!(
+                "third argument must be serving, plain, limits or fairness, got {other:?}"
+            )
         }
     };
     let dir = std::env::temp_dir().join(format!("gateway-bench-{}", std::process::id()));
@@ -328,6 +335,87 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
         out.push(format!(
             "  max sustained, {name} (64 closed-loop clients): {:.0} req/s",
             max_sustained(&client, url, secs).await?
+        ));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("{}", out.join("\n"));
+    Ok(())
+}
+
+/// The fairness layer's cost on the request path: two gateways side by
+/// side, the engine a pool of 12 replicas of the 8B answering at once, the
+/// caller at priority 5 with every limit high enough that none refuses:
+/// one without the fairness layer, one with it (the queue before the
+/// engine and the ladder, as `GATEWAY_QUEUE=on`). At each due instant one
+/// request goes to each.
+async fn fairness(rate: u64, secs: u64) -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("gateway-bench-fair-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut profiles = ModelProfile::reference();
+    ModelProfile::set_replicas(&mut profiles, &format!("{LOCAL}=12"))?;
+    let engine = Arc::new(Simulator::new(profiles, 0));
+    let registry = Registry::default();
+    registry.insert(
+        KEY,
+        Caller {
+            priority: 5,
+            rate: Some(gateway_lite::limits::RequestRate {
+                per_second: 20_000,
+                burst: 2_000,
+            }),
+            ..bench_caller()
+        },
+    );
+    let mut urls = Vec::new();
+    for on in [false, true] {
+        let outbox = Outbox::open(&dir.join(if on { "on" } else { "off" }))?;
+        let mut state = AppState::alone(
+            "gw-fair",
+            registry.clone(),
+            Arc::new(Upstreams::new(engine.clone(), Vec::new())?),
+            outbox,
+        );
+        if on {
+            let ladder = gateway_lite::ladder::Ladder::new();
+            state.limiter = state.limiter.clone().with_ladder(ladder.clone());
+            state.ladder = Some(ladder);
+            state.queues = Some(gateway_lite::admission_queue::Queues::new(
+                engine.models().iter().map(|m| m.name.clone()),
+                1_000,
+            ));
+            gateway_lite::ladder::spawn(&state);
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        spawn_server(listener, app(state, None), false);
+        urls.push(format!("http://{addr}/v1/chat/completions"));
+    }
+    let client = reqwest::Client::new();
+    let mut out = vec![format!(
+        "fairness: fixed rate {rate} req/s for {secs} s, GATEWAY_QUEUE off vs on, 12 replicas of \
+         {LOCAL}, ENGINE_SPEEDUP=0, relay off"
+    )];
+    for warm_up in [true, false] {
+        let run_secs = if warm_up { 1 } else { secs };
+        let (client, urls) = (client.clone(), urls.clone());
+        let (off, on) = fixed_rate(rate, run_secs, move |i| -> [BoxFuture; 2] {
+            let (c1, c2) = (client.clone(), client.clone());
+            let (u1, u2) = (urls[0].clone(), urls[1].clone());
+            [
+                Box::pin(async move { post(&c1, &u1, LOCAL, false, i).await.map(drop) }),
+                Box::pin(async move { post(&c2, &u2, LOCAL, false, i).await.map(drop) }),
+            ]
+        })
+        .await;
+        if warm_up {
+            continue;
+        }
+        out.push(line("  fairness off", rate, &off));
+        out.push(line("  fairness on ", rate, &on));
+        out.push(format!(
+            "  added by the fairness layer: p50 {:.3} ms  p99 {:.3} ms",
+            on.p(0.50) - off.p(0.50),
+            on.p(0.99) - off.p(0.99)
         ));
     }
     let _ = std::fs::remove_dir_all(&dir);
