@@ -298,32 +298,15 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
         "limits: fixed rate {rate} req/s for {secs} s, in-process limits vs shared through Redis \
          (private redis-server), ENGINE_SPEEDUP=0, relay off"
     )];
-    let mut shared_requests = 0u64;
     let before = commands().await?;
-    for warm_up in [true, false] {
-        let run_secs = if warm_up { 1 } else { secs };
-        let (client, urls) = (client.clone(), urls.clone());
-        let (local, shared) = fixed_rate(rate, run_secs, move |i| -> [BoxFuture; 2] {
-            let (c1, c2) = (client.clone(), client.clone());
-            let (u1, u2) = (urls[0].clone(), urls[1].clone());
-            [
-                Box::pin(async move { post(&c1, &u1, LOCAL, false, i).await.map(drop) }),
-                Box::pin(async move { post(&c2, &u2, LOCAL, false, i).await.map(drop) }),
-            ]
-        })
-        .await;
-        shared_requests += (shared.ok + shared.errors) as u64;
-        if warm_up {
-            continue;
-        }
-        out.push(line("  in-process", rate, &local));
-        out.push(line("  shared    ", rate, &shared));
-        out.push(format!(
-            "  added by Redis: p50 {:.3} ms  p99 {:.3} ms",
-            shared.p(0.50) - local.p(0.50),
-            shared.p(0.99) - local.p(0.99)
-        ));
-    }
+    let (local, shared, shared_requests) = side_by_side(&client, &urls, rate, secs).await;
+    out.push(line("  in-process", rate, &local));
+    out.push(line("  shared    ", rate, &shared));
+    out.push(format!(
+        "  added by Redis: p50 {:.3} ms  p99 {:.3} ms",
+        shared.p(0.50) - local.p(0.50),
+        shared.p(0.99) - local.p(0.99)
+    ));
     // Two INFO calls of ours are in the count.
     let used = commands().await?.saturating_sub(before + 2);
     out.push(format!(
@@ -395,10 +378,33 @@ async fn fairness(rate: u64, secs: u64) -> anyhow::Result<()> {
         "fairness: fixed rate {rate} req/s for {secs} s, GATEWAY_QUEUE off vs on, 12 replicas of \
          {LOCAL}, ENGINE_SPEEDUP=0, relay off"
     )];
-    for warm_up in [true, false] {
-        let run_secs = if warm_up { 1 } else { secs };
-        let (client, urls) = (client.clone(), urls.clone());
-        let (off, on) = fixed_rate(rate, run_secs, move |i| -> [BoxFuture; 2] {
+    let (off, on, _) = side_by_side(&client, &urls, rate, secs).await;
+    out.push(line("  fairness off", rate, &off));
+    out.push(line("  fairness on ", rate, &on));
+    out.push(format!(
+        "  added by the fairness layer: p50 {:.3} ms  p99 {:.3} ms",
+        on.p(0.50) - off.p(0.50),
+        on.p(0.99) - off.p(0.99)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("{}", out.join("\n"));
+    Ok(())
+}
+
+/// One request to each of two gateways at every due instant: a second's
+/// warm-up, then `secs` measured. Returns both figures and how many
+/// requests the second gateway was sent, warm-up included.
+async fn side_by_side(
+    client: &reqwest::Client,
+    urls: &[String],
+    rate: u64,
+    secs: u64,
+) -> (Stats, Stats, u64) {
+    let mut sent = 0u64;
+    let mut last = None;
+    for run_secs in [1, secs] {
+        let (client, urls) = (client.clone(), urls.to_vec());
+        let (a, b) = fixed_rate(rate, run_secs, move |i| -> [BoxFuture; 2] {
             let (c1, c2) = (client.clone(), client.clone());
             let (u1, u2) = (urls[0].clone(), urls[1].clone());
             [
@@ -407,20 +413,11 @@ async fn fairness(rate: u64, secs: u64) -> anyhow::Result<()> {
             ]
         })
         .await;
-        if warm_up {
-            continue;
-        }
-        out.push(line("  fairness off", rate, &off));
-        out.push(line("  fairness on ", rate, &on));
-        out.push(format!(
-            "  added by the fairness layer: p50 {:.3} ms  p99 {:.3} ms",
-            on.p(0.50) - off.p(0.50),
-            on.p(0.99) - off.p(0.99)
-        ));
+        sent += (b.ok + b.errors) as u64;
+        last = Some((a, b));
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    eprintln!("{}", out.join("\n"));
-    Ok(())
+    let (a, b) = last.unwrap_or_default();
+    (a, b, sent)
 }
 
 /// The highest sustained rate of `url`: 64 clients in a closed loop for
