@@ -8,9 +8,9 @@
 //! once. Two eligible replicas are drawn at random and the request goes
 //! to the one with more headroom.
 //!
-//! Eligible means: alive; with room for the request's KV under its
-//! class's admission threshold (60/85/92% of KV for best-effort, standard,
-//! reserved); and, for a replica dedicated to a tenant, either that
+//! Eligible means: alive; below its class's admission threshold
+//! (60/85/92% of KV for best-effort, standard, reserved), the replica's own
+//! rule; and, for a replica dedicated to a tenant, either that
 //! tenant's request or a lender's whose owner has nothing queued or
 //! running there (lent work is preempted first when the owner's arrives —
 //! the preemption itself is not built yet). A replica that dies leaves the
@@ -59,10 +59,15 @@ impl Replica {
             .saturating_sub(self.observed.saturating_add(self.routed_since))
     }
 
-    /// Whether `kv` more bytes keep it at or under `threshold_percent`.
-    fn admits(&self, kv: u64, threshold_percent: u64) -> bool {
-        let used = u128::from(self.observed) + u128::from(self.routed_since) + u128::from(kv);
-        used * 100 <= u128::from(self.kv_capacity) * u128::from(threshold_percent)
+    /// Whether it admits a request of a class with `threshold_percent`:
+    /// its occupancy by this router's reckoning is below the threshold.
+    /// As a replica's own admission (vLLM's, the simulator's) the request's
+    /// own KV is not part of the test — it is counted once routed — so a
+    /// large request is not refused by the router where the replica would
+    /// take it.
+    fn admits(&self, threshold_percent: u64) -> bool {
+        let used = u128::from(self.observed) + u128::from(self.routed_since);
+        used * 100 < u128::from(self.kv_capacity) * u128::from(threshold_percent)
     }
 }
 
@@ -98,7 +103,7 @@ impl Pool {
         let r = &self.replicas[i];
         let own = r.owner.as_deref().is_none_or(|o| o == p.tenant);
         let lendable = !p.owner_waiting && r.owner_running == 0;
-        (own || lendable) && r.admits(p.kv, p.threshold_percent)
+        (own || lendable) && r.admits(p.threshold_percent)
     }
 
     /// The replica for `p` (its index), counted as routed there; `None`
@@ -272,9 +277,13 @@ mod tests {
         assert!(pool.route(&reserved, &mut rng).is_some());
         assert_eq!(pool.remove("a").unwrap().id, "a");
         assert_eq!(pool.replicas().len(), 1);
-        // Only b is left, at 90%: a reserved request that would take it
-        // past 92% is told the truth (None: 503), one that fits goes.
-        assert_eq!(pool.route(&placement("t", 3), &mut rng), None);
-        assert_eq!(pool.route(&placement("t", 2), &mut rng), Some(0));
+        // Only b is left: below 92% it admits a reserved request, however
+        // large (the replica's own rule), and counts it at once; at 92% the
+        // request is told the truth (None: 503).
+        pool.observe(0, 91);
+        assert_eq!(pool.route(&placement("t", 5), &mut rng), Some(0));
+        assert_eq!(pool.route(&placement("t", 1), &mut rng), None, "91 + 5 routed");
+        pool.observe(0, 92);
+        assert_eq!(pool.route(&placement("t", 1), &mut rng), None);
     }
 }
