@@ -282,7 +282,11 @@ mod tests {
         // request is told the truth (None: 503).
         pool.observe(0, 91);
         assert_eq!(pool.route(&placement("t", 5), &mut rng), Some(0));
-        assert_eq!(pool.route(&placement("t", 1), &mut rng), None, "91 + 5 routed");
+        assert_eq!(
+            pool.route(&placement("t", 1), &mut rng),
+            None,
+            "91 + 5 routed"
+        );
         pool.observe(0, 92);
         assert_eq!(pool.route(&placement("t", 1), &mut rng), None);
     }
