@@ -341,11 +341,7 @@ impl State {
         let peers = cluster.peers();
         let mut asks = Vec::new();
         for (i, d) in demands.iter().enumerate() {
-            let held = self.holdings.get(&d.res).map_or(0.0, |h| h.units);
-            let free = match d.shape {
-                Shape::Rate(_) => held,
-                Shape::Capacity(_) => held - self.used(&d.res) as f64,
-            };
+            let free = self.free(d);
             let need = d.need();
             if free < need {
                 let short = (need - free).ceil().max(1.0) as u64;
@@ -381,6 +377,21 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// What this gateway holds of `d`'s resource and may spend: unspent
+    /// leased tokens of a rate, held units of a capacity not in use.
+    fn free(&self, d: &Demand) -> f64 {
+        let held = self.holdings.get(&d.res).map_or(0.0, |h| h.units);
+        match d.shape {
+            Shape::Rate(_) => held,
+            Shape::Capacity(_) => held - self.used(&d.res) as f64,
+        }
+    }
+
+    /// Whether what this gateway holds of `d`'s resource covers it.
+    fn covers(&self, d: &Demand) -> bool {
+        self.free(d) >= d.need()
     }
 
     fn add_lease(&mut self, d: &Demand, granted: u64, left: u64, now: Instant) {
@@ -638,15 +649,19 @@ impl Limiter {
                         // the same time: Redis may be short because this
                         // gateway holds (or is receiving) the blocks. Try
                         // again from what it holds before refusing.
-                        if st.mode == Some(Mode::Shared)
-                            && st.admit_shared(&demands, &self.cluster, now).is_ok()
-                        {
+                        let shared = st.mode == Some(Mode::Shared);
+                        let d = asks
+                            .get(index)
+                            .and_then(|(i, _)| demands.get(*i))
+                            .unwrap_or(&demands[0]);
+                        if shared && st.admit_shared(&demands, &self.cluster, now).is_ok() {
                             Some(Ok(self.permit(&mut st, caller, &demands, ask.clone())))
+                        } else if shared && st.covers(d) {
+                            // What Redis is short of, this gateway holds;
+                            // the rest (another tenant's bucket, say) was
+                            // not granted with it: lease that again.
+                            None
                         } else {
-                            let d = asks
-                                .get(index)
-                                .and_then(|(i, _)| demands.get(*i))
-                                .unwrap_or(&demands[0]);
                             Some(Err(d.rejected(Duration::from_millis(wait_ms))))
                         }
                     }
