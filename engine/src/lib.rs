@@ -18,6 +18,9 @@
 //! - [`clock`]: virtual runs for tests and benchmarks, wall-clock pacing for the demo
 //! - [`simulator`]: the in-process engine the gateway calls: each model a pool of
 //!   replica tasks, requests routed by `fleet::pool`
+//! - [`replica_pool`]: a model's replicas and where a request goes (routing,
+//!   dedicated replicas, dead replicas leaving the pool)
+//! - [`replica_task`]: one replica as a task: its commands, paced steps, deliveries
 //! - [`metrics`]: Prometheus exposition under vLLM's names
 //! - [`server`]: the OpenAI-compatible HTTP API (`engine` binary, port 8081)
 //! - [`upstream`]: which engine serves a model — the simulator in process or an
@@ -46,6 +49,8 @@ pub mod openai;
 pub mod prefix_cache;
 pub mod profile;
 pub mod replica;
+pub mod replica_pool;
+pub mod replica_task;
 pub mod scheduler;
 pub mod server;
 pub mod simulator;

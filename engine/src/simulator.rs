@@ -6,19 +6,11 @@
 //! before it finished cancels the request on its replica (the client went
 //! away); the GPU time it used stays attributed to it.
 //!
-//! **Routing** (`fleet::pool`): power of two choices on KV headroom. The
-//! router counts what it sent each replica since that replica's last
-//! published snapshot on top of the snapshot's KV in use, so a burst that
-//! arrives between two snapshots spreads instead of herding onto the
-//! replica that looked emptiest. A replica that refuses the request for its
-//! class (the router's view lagged) is marked full until its next snapshot
-//! and the request tries another; when none can admit it the caller gets
-//! [`EngineError::NoCapacity`] (and queues, or answers 503).
-//!
-//! **Dedicated replicas** (the profile's `dedicated`): the pool's first
-//! replicas belong to a tenant. Its requests go there first; while it has a
-//! request running on one, nobody else's starts there; while it has none
-//! there, the replica is lent like any other (`fleet::pool`'s rules).
+//! Where a request goes within its model's pool (power of two choices on
+//! KV headroom, dedicated replicas) is [`crate::replica_pool`]'s; when no
+//! replica can admit it the caller gets [`EngineError::NoCapacity`] (and
+//! queues, or answers 503). Each replica runs as a task of its own
+//! ([`crate::replica_task`]).
 //!
 //! **A replica that dies** ([`Simulator::fail_replica`]) leaves the pool at
 //! once; every request it was running or holding ends with
@@ -27,9 +19,7 @@
 //! silently: a client that wants an answer retries.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -38,11 +28,12 @@ use rust_decimal::Decimal;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::attribution::to_gpu_seconds;
-use crate::clock::Pacer;
 use crate::error::EngineError;
 use crate::metrics::ReplicaSnapshot;
-use crate::profile::{ModelProfile, BLOCK_TOKENS};
+use crate::profile::ModelProfile;
 use crate::replica::{Event, Finish, Outcome, Replica, SeqRequest};
+use crate::replica_pool::{ModelPool, ReplicaHandle, Stay};
+use crate::replica_task::{drive, Command};
 use crate::scheduler::{SeqId, ServiceClass};
 use crate::tokenizer;
 
@@ -96,181 +87,6 @@ pub struct Completion {
 pub enum Piece {
     Token(Cow<'static, str>),
     Done(Completion),
-}
-
-enum Command {
-    Submit {
-        tenant: String,
-        req: SeqRequest,
-        reply: oneshot::Sender<Result<SeqId, EngineError>>,
-        updates: mpsc::UnboundedSender<Event>,
-    },
-    /// The client went away and nobody waits for the outcome.
-    Cancel(SeqId),
-    /// Cancel, but still deliver the outcome (what the request used so far).
-    Stop(SeqId),
-    /// The replica dies: fail every request on it and stop.
-    Fail,
-}
-
-struct ReplicaHandle {
-    replica_id: String,
-    tx: OnceLock<Result<mpsc::UnboundedSender<Command>, EngineError>>,
-    snapshot: Arc<Mutex<ReplicaSnapshot>>,
-    /// Snapshots published so far (the router re-reads a changed one).
-    published: Arc<AtomicU64>,
-    dead: AtomicBool,
-}
-
-/// The router's view of one model's pool.
-struct Router {
-    pool: fleet::pool::Pool,
-    /// Per handle, the snapshot count the pool last observed.
-    seen: Vec<u64>,
-    rng: StdRng,
-}
-
-/// One model: its profile, its replicas and the router placing requests.
-struct ModelPool {
-    profile: ModelProfile,
-    replicas: Vec<ReplicaHandle>,
-    router: Arc<Mutex<Router>>,
-    /// KV bytes one block holds on this model.
-    block_bytes: u64,
-}
-
-impl ModelPool {
-    fn new(profile: &ModelProfile) -> Self {
-        let block_bytes = profile.kv_bytes_per_token * u64::from(BLOCK_TOKENS);
-        let capacity = profile.total_blocks() * block_bytes;
-        let replicas: Vec<ReplicaHandle> = (0..profile.replicas.max(1))
-            .map(|i| {
-                let replica_id = format!("{}-r{i}", profile.name);
-                ReplicaHandle {
-                    snapshot: Arc::new(Mutex::new(ReplicaSnapshot {
-                        model: profile.name.clone(),
-                        replica_id: replica_id.clone(),
-                        gpus: u64::from(profile.gpus),
-                        ..ReplicaSnapshot::default()
-                    })),
-                    replica_id,
-                    tx: OnceLock::new(),
-                    published: Arc::default(),
-                    dead: AtomicBool::new(false),
-                }
-            })
-            .collect();
-        // The first replicas are the dedicated ones, by tenant name.
-        let owners = profile
-            .dedicated
-            .iter()
-            .flat_map(|(tenant, &n)| std::iter::repeat_n(tenant, n as usize));
-        let mut owners = owners.fuse();
-        let pool = fleet::pool::Pool::new(
-            replicas
-                .iter()
-                .map(|h| {
-                    let r = fleet::pool::Replica::new(h.replica_id.clone(), capacity);
-                    match owners.next() {
-                        Some(owner) => r.owned_by(owner.clone()),
-                        None => r,
-                    }
-                })
-                .collect(),
-        );
-        Self {
-            router: Arc::new(Mutex::new(Router {
-                pool,
-                seen: vec![0; replicas.len()],
-                rng: StdRng::seed_from_u64(0x5eed),
-            })),
-            replicas,
-            profile: profile.clone(),
-            block_bytes,
-        }
-    }
-
-    fn router(&self) -> std::sync::MutexGuard<'_, Router> {
-        // Plain numbers, consistent between statements.
-        self.router.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn handle(&self, id: &str) -> Option<(usize, &ReplicaHandle)> {
-        self.replicas
-            .iter()
-            .enumerate()
-            .find(|(_, h)| h.replica_id == id)
-    }
-
-    /// The replica for a request of `kv` bytes of `class`, counted as sent
-    /// there; `None` when no live replica can admit it by the router's view.
-    fn route(&self, tenant: &str, kv: u64, class: ServiceClass) -> Option<usize> {
-        let mut r = self.router();
-        let Router { pool, seen, rng } = &mut *r;
-        for (i, h) in self.replicas.iter().enumerate() {
-            let published = h.published.load(Ordering::Acquire);
-            if published == seen[i] || h.dead.load(Ordering::Acquire) {
-                continue;
-            }
-            seen[i] = published;
-            let used = h
-                .snapshot
-                .lock()
-                .map_or(0, |s| s.kv_used_blocks * self.block_bytes);
-            if let Some(at) = pool.replicas().iter().position(|p| p.id == h.replica_id) {
-                pool.observe(at, used);
-            }
-        }
-        let placement = fleet::pool::Placement {
-            tenant,
-            kv,
-            threshold_percent: class.threshold_percent(),
-            owner_waiting: false,
-        };
-        let at = pool.route(&placement, rng)?;
-        let id = &pool.replicas()[at].id;
-        self.handle(id).map(|(i, _)| i)
-    }
-
-    /// Replica `i` refused a request of `tenant` for its class: full by
-    /// the router's view until it publishes again, and the request no
-    /// longer counts there.
-    fn refused(&self, i: usize, tenant: &str) {
-        let mut r = self.router();
-        let id = &self.replicas[i].replica_id;
-        if let Some(at) = r.pool.replicas().iter().position(|p| &p.id == id) {
-            let full = r.pool.replicas()[at].kv_capacity;
-            r.pool.observe(at, full);
-            r.pool.finished(at, tenant);
-        }
-    }
-
-    /// What ends the request's stay on replica `i` in the router's books,
-    /// if the router counts it there (its owner's requests only).
-    fn stay(&self, i: usize, tenant: &str) -> Option<Stay> {
-        let id = &self.replicas[i].replica_id;
-        self.router()
-            .pool
-            .replicas()
-            .iter()
-            .any(|p| &p.id == id && p.owner.as_deref() == Some(tenant))
-            .then(|| Stay {
-                router: self.router.clone(),
-                replica_id: id.clone(),
-                tenant: tenant.to_owned(),
-            })
-    }
-
-    /// The least KV occupancy among the live replicas, percent (for the
-    /// refusal's message).
-    fn least_occupancy_percent(&self) -> u64 {
-        self.replicas
-            .iter()
-            .filter(|h| !h.dead.load(Ordering::Acquire))
-            .filter_map(|h| h.snapshot.lock().ok().map(|s| s.kv_usage))
-            .fold(None, |m: Option<f64>, u| Some(m.map_or(u, |m| m.min(u))))
-            .map_or(100, |u| (u * 100.0).floor() as u64)
-    }
 }
 
 /// The simulated engine. `speedup` divides real waiting time (1 = real
@@ -348,7 +164,7 @@ impl Simulator {
             if h.dead.swap(true, Ordering::AcqRel) {
                 return false;
             }
-            pool.router().pool.remove(replica_id);
+            pool.remove(replica_id);
             if let Some(Ok(tx)) = h.tx.get() {
                 let _ = tx.send(Command::Fail);
             }
@@ -476,28 +292,6 @@ impl Simulator {
     }
 }
 
-/// An owner's request on its dedicated replica, as the router counts it
-/// (no other tenant starts there meanwhile); dropped when it ends.
-struct Stay {
-    router: Arc<Mutex<Router>>,
-    replica_id: String,
-    tenant: String,
-}
-
-impl Drop for Stay {
-    fn drop(&mut self) {
-        let mut r = self.router.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(at) = r
-            .pool
-            .replicas()
-            .iter()
-            .position(|p| p.id == self.replica_id)
-        {
-            r.pool.finished(at, &self.tenant);
-        }
-    }
-}
-
 /// A request running on a replica. Dropping it unfinished cancels it.
 pub struct Generation {
     _stay: Option<Stay>,
@@ -581,128 +375,5 @@ impl Drop for Generation {
         if let Some((tx, id)) = self.cancel.take() {
             let _ = tx.send(Command::Cancel(id));
         }
-    }
-}
-
-/// The replica task: takes commands, runs steps paced to the wall clock,
-/// hands tokens and outcomes to their requests.
-async fn drive(
-    mut replica: Replica,
-    mut rx: mpsc::UnboundedReceiver<Command>,
-    snapshot: Arc<Mutex<ReplicaSnapshot>>,
-    published: Arc<AtomicU64>,
-    speedup: u32,
-) {
-    let pacer = Pacer::new(speedup);
-    let mut subscribers: HashMap<SeqId, mpsc::UnboundedSender<Event>> = HashMap::new();
-    let publish = |replica: &Replica| {
-        if let Ok(mut s) = snapshot.lock() {
-            *s = ReplicaSnapshot::of(replica);
-        }
-        published.fetch_add(1, Ordering::AcqRel);
-    };
-    loop {
-        if !replica.has_work() {
-            publish(&replica);
-            let Some(cmd) = rx.recv().await else {
-                return;
-            };
-            if let Some(now) = pacer.virtual_now() {
-                replica.advance_idle(now);
-            }
-            if handle(&mut replica, &mut subscribers, cmd).is_break() {
-                return;
-            }
-        }
-        while let Ok(cmd) = rx.try_recv() {
-            if handle(&mut replica, &mut subscribers, cmd).is_break() {
-                return;
-            }
-        }
-        if replica.step().is_none() {
-            // Nothing can run until something changes.
-            publish(&replica);
-            let Some(cmd) = rx.recv().await else {
-                return;
-            };
-            if handle(&mut replica, &mut subscribers, cmd).is_break() {
-                return;
-            }
-            continue;
-        }
-        pacer.wait_until(replica.now()).await;
-        if speedup == 0 {
-            tokio::task::yield_now().await;
-        }
-        deliver(&mut replica, &mut subscribers);
-        publish(&replica);
-    }
-}
-
-/// Carries out one command; `Break` when the replica died.
-fn handle(
-    replica: &mut Replica,
-    subscribers: &mut HashMap<SeqId, mpsc::UnboundedSender<Event>>,
-    cmd: Command,
-) -> std::ops::ControlFlow<()> {
-    match cmd {
-        Command::Submit {
-            tenant,
-            req,
-            reply,
-            updates,
-        } => {
-            let now = replica.now();
-            let result = replica.submit(&tenant, req, now);
-            if let Ok(id) = result {
-                subscribers.insert(id, updates);
-            }
-            if reply.send(result.clone()).is_err() {
-                if let Ok(id) = result {
-                    subscribers.remove(&id);
-                    replica.cancel(id);
-                }
-            }
-        }
-        Command::Cancel(id) => {
-            subscribers.remove(&id);
-            replica.cancel(id);
-        }
-        Command::Stop(id) => {
-            replica.cancel(id);
-            deliver(replica, subscribers);
-        }
-        Command::Fail => {
-            replica.fail_all();
-            deliver(replica, subscribers);
-            return std::ops::ControlFlow::Break(());
-        }
-    }
-    std::ops::ControlFlow::Continue(())
-}
-
-/// Hands the replica's pending events to their requests, and cancels the
-/// requests whose receiver is gone.
-fn deliver(replica: &mut Replica, subscribers: &mut HashMap<SeqId, mpsc::UnboundedSender<Event>>) {
-    let mut gone = Vec::new();
-    for event in replica.drain_events() {
-        let id = match &event {
-            Event::Token { id, .. } => *id,
-            Event::Finished(o) => o.id,
-        };
-        let finished = matches!(event, Event::Finished(_));
-        let delivered = subscribers
-            .get(&id)
-            .is_some_and(|tx| tx.send(event).is_ok());
-        if finished {
-            subscribers.remove(&id);
-        } else if !delivered {
-            gone.push(id);
-        }
-    }
-    for id in gone {
-        subscribers.remove(&id);
-        replica.cancel(id);
-        replica.drain_events().for_each(drop);
     }
 }
