@@ -46,7 +46,7 @@ pub enum EngineError {
     #[error("replica {replica} failed while running the request")]
     ReplicaFailed {
         replica: String,
-        used: Box<crate::simulator::Completion>,
+        used: Box<crate::completion::Completion>,
     },
     #[error(transparent)]
     Profile(#[from] ProfileError),
@@ -67,7 +67,7 @@ pub enum EngineError {
 impl EngineError {
     /// What the request had used when this error ended it, if the engine
     /// could say.
-    pub fn used(&self) -> Option<&crate::simulator::Completion> {
+    pub fn used(&self) -> Option<&crate::completion::Completion> {
         match self {
             Self::ReplicaFailed { used, .. } => Some(used),
             _ => None,

@@ -16,6 +16,7 @@
 //! - [`attribution`]: exact split of each step's GPU time among its requests
 //! - [`replica`]: one replica stepping on a virtual clock, emitting events
 //! - [`clock`]: virtual runs for tests and benchmarks, wall-clock pacing for the demo
+//! - [`completion`]: what a caller and an engine exchange (request, pieces, what was used)
 //! - [`simulator`]: the in-process engine the gateway calls: each model a pool of
 //!   replica tasks, requests routed by `fleet::pool`
 //! - [`replica_pool`]: a model's replicas and where a request goes (routing,
@@ -41,6 +42,7 @@
 
 pub mod attribution;
 pub mod clock;
+pub mod completion;
 pub mod error;
 pub mod identity;
 pub mod kv;

@@ -24,17 +24,17 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rust_decimal::Decimal;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::attribution::to_gpu_seconds;
+pub use crate::completion::{Completion, CompletionRequest, Piece};
 use crate::error::EngineError;
 use crate::metrics::ReplicaSnapshot;
 use crate::profile::ModelProfile;
 use crate::replica::{Event, Finish, Outcome, Replica, SeqRequest};
 use crate::replica_pool::{ModelPool, ReplicaHandle, Stay};
 use crate::replica_task::{drive, Command};
-use crate::scheduler::{SeqId, ServiceClass};
+use crate::scheduler::SeqId;
 use crate::tokenizer;
 
 /// Words that are one cl100k token each when preceded by a space, so the
@@ -43,51 +43,6 @@ const WORDS: &[&str] = &[
     " the", " model", " answer", " is", " a", " token", " of", " GPU", " time", " and", " we",
     " meter", " each", " request", " once", " cost", " per", " hour", " off", " peak",
 ];
-
-/// What the engine needs to know about a request. No price, no plan: the
-/// tenant only keys the prefix cache, the class only gates admission.
-#[derive(Debug, Clone, Default)]
-pub struct CompletionRequest {
-    pub model: String,
-    /// The prompt as the engine sees it (the chat messages, flattened).
-    pub prompt: String,
-    pub max_tokens: Option<u32>,
-    /// Seeds the generated text: same seed and prompt, same answer.
-    pub seed: u64,
-    /// Whose prefix-cache entries this request may use and fill.
-    pub tenant_id: String,
-    pub class: ServiceClass,
-    /// The client's request as sent, passed through to an HTTP upstream
-    /// (the simulator reads only `prompt`).
-    pub body: Option<serde_json::Value>,
-}
-
-/// What a finished request used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Completion {
-    pub model_version: String,
-    pub text: String,
-    pub prompt_tokens: u64,
-    pub cached_tokens: u64,
-    pub completion_tokens: u64,
-    /// True when `max_tokens` cut the answer short.
-    pub length_capped: bool,
-    /// Simulated time to first token and total time, queueing included.
-    pub ttft: Duration,
-    pub total: Duration,
-    /// GPU time attributed to the request (its share of every step it was in).
-    pub gpu_seconds: Decimal,
-    /// The part of `gpu_seconds` thrown away by preemptions.
-    pub preempted_gpu_seconds: Decimal,
-    pub replica_id: String,
-}
-
-/// What a running generation reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Piece {
-    Token(Cow<'static, str>),
-    Done(Completion),
-}
 
 /// The simulated engine. `speedup` divides real waiting time (1 = real
 /// time; 0 = answer at once), never the reported figures.

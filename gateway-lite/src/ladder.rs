@@ -126,32 +126,3 @@ impl Ladder {
         percent
     }
 }
-
-/// Re-evaluates `state`'s ladder every [`EVERY`] from its simulated models'
-/// KV snapshots, their queues and the SLO windows (nothing without a ladder
-/// and queues, i.e. without `GATEWAY_QUEUE=on`).
-pub fn spawn(state: &crate::state::AppState) -> Option<tokio::task::JoinHandle<()>> {
-    let (ladder, queues) = (state.ladder.clone()?, state.queues.clone()?);
-    let (engine, slo) = (state.engine.clone(), state.slo.clone());
-    Some(tokio::spawn(async move {
-        let mut tick = tokio::time::interval(EVERY);
-        loop {
-            tick.tick().await;
-            let snapshots = engine.simulator().snapshots();
-            let models: Vec<(String, Vec<f64>, usize)> = engine
-                .models()
-                .iter()
-                .filter(|m| queues.serves(&m.name))
-                .map(|m| {
-                    let kv = snapshots
-                        .iter()
-                        .filter(|s| s.model == m.name)
-                        .map(|s| s.kv_usage)
-                        .collect();
-                    (m.name.clone(), kv, queues.depth_from(&m.name, 3))
-                })
-                .collect();
-            ladder.evaluate(&models, &slo, Instant::now());
-        }
-    }))
-}

@@ -232,7 +232,7 @@ pub async fn run(
         }),
         ladder,
     };
-    crate::ladder::spawn(&state);
+    state.spawn_ladder();
     let runs = state.runs.clone();
     // Fail readiness first, keep accepting while the load balancer notices,
     // then stop accepting (serving drains what is in flight).

@@ -78,3 +78,35 @@ impl AppState {
         }
     }
 }
+
+impl AppState {
+    /// Re-evaluates the ladder every [`crate::ladder::EVERY`] from the
+    /// simulated models' KV snapshots, their queues and the SLO windows
+    /// (nothing without a ladder and queues, i.e. without
+    /// `GATEWAY_QUEUE=on`).
+    pub fn spawn_ladder(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let (ladder, queues) = (self.ladder.clone()?, self.queues.clone()?);
+        let (engine, slo) = (self.engine.clone(), self.slo.clone());
+        Some(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::ladder::EVERY);
+            loop {
+                tick.tick().await;
+                let snapshots = engine.simulator().snapshots();
+                let models: Vec<(String, Vec<f64>, usize)> = engine
+                    .models()
+                    .iter()
+                    .filter(|m| queues.serves(&m.name))
+                    .map(|m| {
+                        let kv = snapshots
+                            .iter()
+                            .filter(|s| s.model == m.name)
+                            .map(|s| s.kv_usage)
+                            .collect();
+                        (m.name.clone(), kv, queues.depth_from(&m.name, 3))
+                    })
+                    .collect();
+                ladder.evaluate(&models, &slo, std::time::Instant::now());
+            }
+        }))
+    }
+}

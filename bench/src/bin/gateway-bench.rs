@@ -366,7 +366,7 @@ async fn fairness(rate: u64, secs: u64) -> anyhow::Result<()> {
                 engine.models().iter().map(|m| m.name.clone()),
                 1_000,
             ));
-            gateway_lite::ladder::spawn(&state);
+            state.spawn_ladder();
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;

@@ -231,7 +231,7 @@ pub async fn start(mode: Mode, drill: &Drill) -> anyhow::Result<Gateway> {
             outbox.clone(),
         )
     };
-    gateway_lite::ladder::spawn(&state);
+    state.spawn_ladder();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     tokio::spawn(serving::serve(
