@@ -52,6 +52,23 @@ pub struct ModelLimits {
 }
 
 impl Caller {
+    /// A caller of `tenant_id` through key `api_key_id` at `priority`, with
+    /// no limit, weight 1 and no objectives (tests, benchmarks and drills
+    /// set what they need on top).
+    pub fn unlimited(tenant_id: &str, api_key_id: &str, priority: i16) -> Self {
+        Self {
+            tenant_id: tenant_id.into(),
+            api_key_id: api_key_id.into(),
+            priority,
+            weight: 1,
+            max_concurrency: None,
+            max_kv_mib_seconds: None,
+            rate: None,
+            slo: fleet::slo::Slo::default(),
+            limits: Arc::new(HashMap::new()),
+        }
+    }
+
     /// The limits that apply to `model`: its own row, else the `*` row, else none.
     pub fn limits_for(&self, model: &str) -> ModelLimits {
         self.limits

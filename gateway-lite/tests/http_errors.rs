@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,20 +28,7 @@ struct Gateway {
 async fn start() -> Gateway {
     let dir = tempfile::tempdir().unwrap();
     let registry = Registry::default();
-    registry.insert(
-        KEY,
-        Caller {
-            tenant_id: "acme-corp".into(),
-            api_key_id: "key_acme".into(),
-            priority: 3,
-            weight: 1,
-            max_concurrency: None,
-            max_kv_mib_seconds: None,
-            slo: Default::default(),
-            rate: None,
-            limits: Arc::new(HashMap::new()),
-        },
-    );
+    registry.insert(KEY, Caller::unlimited("acme-corp", "key_acme", 3));
     let outbox = Outbox::open(&dir.path().join("outbox")).unwrap();
     let simulator = Arc::new(Simulator::new(ModelProfile::reference(), 0));
     let state = AppState {

@@ -26,20 +26,7 @@ const MODEL: &str = "llama-3.1-8b";
 async fn a_dead_replicas_requests_get_errors_and_are_billed_for_what_they_used() {
     let dir = tempfile::tempdir().unwrap();
     let registry = Registry::default();
-    registry.insert(
-        KEY,
-        Caller {
-            tenant_id: "acme-corp".into(),
-            api_key_id: "key_acme".into(),
-            priority: 3,
-            weight: 1,
-            max_concurrency: None,
-            max_kv_mib_seconds: None,
-            slo: Default::default(),
-            rate: None,
-            limits: Arc::new(HashMap::new()),
-        },
-    );
+    registry.insert(KEY, Caller::unlimited("acme-corp", "key_acme", 3));
     let outbox = Outbox::open(&dir.path().join("outbox")).unwrap();
     let mut profiles = ModelProfile::reference();
     ModelProfile::set_replicas(&mut profiles, &format!("{MODEL}=2")).unwrap();

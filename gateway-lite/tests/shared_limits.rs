@@ -64,6 +64,21 @@ async fn gateway(prefix: &str, id: &str) -> Limiter {
     limiter
 }
 
+/// One gateway sharing the reference global bucket (400/s, burst 60)
+/// under `prefix`.
+async fn with_reference_global(prefix: &str) -> Limiter {
+    let global = Some(gateway_lite::limits::RequestRate {
+        per_second: 400,
+        burst: 60,
+    });
+    let l = Limiter::new(
+        global,
+        Cluster::connect(&redis_url(), prefix, "gw-a").unwrap(),
+    );
+    l.renew(true).await;
+    l
+}
+
 /// Admits on `limiters` in turn until every one has been refused; returns
 /// how many each admitted.
 async fn admit_until_refused(limiters: &[Limiter], c: &Caller) -> Vec<u32> {
@@ -245,14 +260,7 @@ async fn a_gateway_shutting_down_gives_back_what_it_holds_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_admissions_under_the_burst_are_never_refused() {
-    let p = prefix();
-    let global = Some(gateway_lite::limits::RequestRate {
-        per_second: 400,
-        burst: 60,
-    });
-    let cluster = Cluster::connect(&redis_url(), &p, "gw-a").unwrap();
-    let l = Limiter::new(global, cluster);
-    l.renew(true).await;
+    let l = with_reference_global(&prefix()).await;
     let c = caller(None, None);
     // 50 at once, under the burst of 60: leases race each other in Redis,
     // yet every one is admitted from what this gateway holds.
@@ -276,14 +284,7 @@ async fn a_tenant_is_not_refused_for_global_tokens_its_own_gateway_holds() {
     // them. The request must lease its tenant's tokens again, not be
     // refused by the global limit.
     for round in 0..60 {
-        let p = prefix();
-        let global = Some(gateway_lite::limits::RequestRate {
-            per_second: 400,
-            burst: 60,
-        });
-        let cluster = Cluster::connect(&redis_url(), &p, "gw-a").unwrap();
-        let l = Limiter::new(global, cluster);
-        l.renew(true).await;
+        let l = with_reference_global(&prefix()).await;
         let with_rate = |tenant: &str, per_second, burst| Caller {
             tenant_id: tenant.into(),
             rate: Some(gateway_lite::limits::RequestRate { per_second, burst }),

@@ -448,17 +448,7 @@ async fn max_sustained(client: &reqwest::Client, url: &str, secs: u64) -> anyhow
 
 /// The benchmark's caller: priority 5, no limits.
 fn bench_caller() -> Caller {
-    Caller {
-        tenant_id: "bench".into(),
-        api_key_id: "key_bench".into(),
-        priority: 5,
-        weight: 1,
-        max_concurrency: None,
-        max_kv_mib_seconds: None,
-        slo: Default::default(),
-        rate: None,
-        limits: Arc::new(HashMap::new()),
-    }
+    Caller::unlimited("bench", "key_bench", 5)
 }
 
 fn request(i: u64) -> CompletionRequest {
