@@ -127,7 +127,14 @@ async fn start() -> Billing {
         _db: fresh_db,
         url,
         pool,
-        client: Client::new(),
+        // The validator runs for many seconds between two requests: keep
+        // idle connections for less than the server's 30 s keep-alive
+        // (`HTTP_HEADER_READ_TIMEOUT_SECS`), as a client should, or a
+        // request can go out on a connection the server is just closing.
+        client: Client::builder()
+            .pool_idle_timeout(std::time::Duration::from_secs(20))
+            .build()
+            .unwrap(),
         dir,
     }
 }
