@@ -93,3 +93,11 @@ if [ ! -x /usr/sbin/nginx ]; then
   apt_install nginx-light
   service nginx stop >/dev/null 2>&1 || /usr/sbin/nginx -s stop >/dev/null 2>&1 || true
 fi
+
+# == chromium and chromedriver (Debian's chromium, chromium-driver): a real browser
+# tests/tests/billing_browser.rs drives billing-api's pages in headless
+# Chromium over WebDriver, starting /usr/bin/chromedriver itself on a free
+# port per test (no service runs).
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  apt_install chromium chromium-driver
+fi

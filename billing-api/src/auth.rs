@@ -1,54 +1,20 @@
-//! Bearer tokens with roles. Tokens are stored as SHA-256 hashes; a token
-//! is resolved per request (one indexed lookup) so revocation is immediate.
+//! Authentication: who is calling. The JSON API takes `Authorization:
+//! Bearer <token>`; the pages take a session cookie (see [`crate::pages::session`]).
+//! Tokens are stored as SHA-256 hashes and resolved per request (one
+//! indexed lookup), so revocation is immediate. What a caller may do is
+//! [`crate::access`]'s business.
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
 
+use crate::access::{Principal, Role};
 use crate::error::BillingError;
-use crate::service::AppState;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Finance,
-    TeamLead,
-    Support,
-}
-
-/// The authenticated caller.
-#[derive(Debug, Clone)]
-pub struct Principal {
-    pub token_id: String,
-    pub role: Role,
-    /// Set for team leads: the only tenant they may see.
-    pub tenant_id: Option<String>,
-}
+use crate::state::AppState;
+use crate::store;
 
 pub fn hash_token(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
-}
-
-/// Upserts a token (given in the clear, stored hashed).
-pub async fn put_token(
-    pool: &PgPool,
-    token_id: &str,
-    token: &str,
-    role: &str,
-    tenant: Option<&str>,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO billing_tokens (token_id, token_hash, role, tenant_id) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (token_id) DO UPDATE SET token_hash = EXCLUDED.token_hash,
-             role = EXCLUDED.role, tenant_id = EXCLUDED.tenant_id, revoked_at = NULL",
-    )
-    .bind(token_id)
-    .bind(hash_token(token).as_slice())
-    .bind(role)
-    .bind(tenant)
-    .execute(pool)
-    .await?;
-    Ok(())
 }
 
 /// The token of an `Authorization: Bearer <token>` value; the scheme is
@@ -57,6 +23,27 @@ pub fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim_start().split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// A stored identity as a [`Principal`] (an unknown role is no identity).
+pub fn principal(identity: store::access::TokenIdentity) -> Option<Principal> {
+    let (token_id, role, tenant_id) = identity;
+    Some(Principal {
+        token_id,
+        role: Role::parse(&role)?,
+        tenant_id,
+    })
+}
+
+/// The caller of a token given in the clear, if it is live.
+pub async fn resolve_token(
+    state: &AppState,
+    token: &str,
+) -> Result<Option<Principal>, BillingError> {
+    let mut conn = state.pool.acquire().await?;
+    Ok(store::access::token_by_hash(&mut conn, &hash_token(token))
+        .await?
+        .and_then(principal))
 }
 
 impl FromRequestParts<AppState> for Principal {
@@ -72,50 +59,10 @@ impl FromRequestParts<AppState> for Principal {
             .and_then(|v| v.to_str().ok())
             .and_then(bearer_token)
             .ok_or(BillingError::Unauthenticated)?;
-        let row: Option<(String, String, Option<String>)> = sqlx::query_as(
-            "SELECT token_id, role, tenant_id FROM billing_tokens
-             WHERE token_hash = $1 AND revoked_at IS NULL",
-        )
-        .bind(hash_token(token).as_slice())
-        .fetch_optional(&state.pool)
-        .await?;
-        let (token_id, role, tenant_id) = row.ok_or(BillingError::Unauthenticated)?;
-        let role = match role.as_str() {
-            "finance" => Role::Finance,
-            "team_lead" => Role::TeamLead,
-            "support" => Role::Support,
-            _ => return Err(BillingError::Unauthenticated),
-        };
-        Ok(Self {
-            token_id,
-            role,
-            tenant_id,
-        })
+        resolve_token(state, token)
+            .await?
+            .ok_or(BillingError::Unauthenticated)
     }
-}
-
-/// Records that `who` read money.
-pub async fn audit(
-    pool: &PgPool,
-    who: &Principal,
-    action: &str,
-    tenant: Option<&str>,
-) -> Result<(), sqlx::Error> {
-    let role = match who.role {
-        Role::Finance => "finance",
-        Role::TeamLead => "team_lead",
-        Role::Support => "support",
-    };
-    sqlx::query(
-        "INSERT INTO audit_log (token_id, role, action, tenant_id) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(&who.token_id)
-    .bind(role)
-    .bind(action)
-    .bind(tenant)
-    .execute(pool)
-    .await?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -3,6 +3,11 @@
 //! cost per tenant and priority (usage and discount lines of the current
 //! draft; it restarts at each tenant's month boundary like any counter
 //! reset). Rendered from Postgres at most every 30 s, so scrapes stay cheap.
+//!
+//! Every tenant's spend is on this page, so it is not public: a scrape
+//! sends `Authorization: Bearer <BILLING_METRICS_TOKEN>` (Prometheus'
+//! `authorization:` in a scrape config); without the setting `/metrics`
+//! answers 401 to everyone.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -10,18 +15,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::response::IntoResponse;
 use chrono::Utc;
 use rust_decimal::Decimal;
-use sqlx::PgPool;
+use sqlx::PgConnection;
 use tokio::sync::Mutex;
 
+use crate::auth::{bearer_token, hash_token};
 use crate::drafts;
 use crate::error::BillingError;
 use crate::period::Month;
 use crate::rating::LineKind;
-use crate::service::AppState;
+use crate::state::AppState;
+use crate::store;
 
 const MAX_AGE: Duration = Duration::from_secs(30);
 
@@ -29,7 +36,19 @@ const MAX_AGE: Duration = Duration::from_secs(30);
 #[derive(Clone, Default)]
 pub struct Cache(Arc<Mutex<Option<(Instant, String)>>>);
 
-pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, BillingError> {
+pub async fn metrics(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, BillingError> {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+        .map(hash_token);
+    // Hashes compared, so the comparison's time says nothing about the token.
+    if state.metrics_token_hash.is_none() || given != state.metrics_token_hash {
+        return Err(BillingError::Unauthenticated);
+    }
     let mut cached = state.cost_metrics.0.lock().await;
     if let Some((at, text)) = cached.as_ref() {
         if at.elapsed() < MAX_AGE {
@@ -39,28 +58,24 @@ pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse,
             ));
         }
     }
-    let text = render(&state.pool).await?;
+    let text = render(&mut *state.pool.acquire().await?).await?;
     *cached = Some((Instant::now(), text.clone()));
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
 }
 
-async fn render(pool: &PgPool) -> Result<String, BillingError> {
-    let usage: Vec<(String, Decimal, Decimal)> = sqlx::query_as(
-        "SELECT tenant_id, sum(gpu_seconds), sum(preempted_gpu_seconds) FROM usage_hourly GROUP BY tenant_id ORDER BY tenant_id",
-    )
-    .fetch_all(pool)
-    .await?;
+async fn render(conn: &mut PgConnection) -> Result<String, BillingError> {
+    let usage = store::usage::lifetime_by_tenant(conn).await?;
     let mut cost: BTreeMap<(String, i16), Decimal> = BTreeMap::new();
     let mut by_month: BTreeMap<Month, Vec<String>> = BTreeMap::new();
     let now = Utc::now();
-    for t in drafts::tenants(pool, None).await? {
+    for t in store::tenants::list(conn, None).await? {
         by_month
             .entry(Month::containing(now, t.time_zone))
             .or_default()
             .push(t.tenant_id);
     }
     for (month, ids) in by_month {
-        for body in drafts::drafts(pool, month, Some(&ids)).await? {
+        for body in drafts::drafts(conn, month, Some(&ids)).await? {
             for l in body
                 .lines
                 .iter()

@@ -36,6 +36,9 @@ pub enum BillingError {
     /// The caller may see the tenant but not do this (e.g. a team lead finalizing).
     #[error("this role may not do that")]
     Forbidden,
+    /// A page form without this session's CSRF token.
+    #[error("the form's CSRF token does not match this session; reload the page and submit again")]
+    CsrfMismatch,
     #[error("{0}")]
     Conflict(String),
     #[error("rating: {0}")]
@@ -61,7 +64,7 @@ impl BillingError {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::Forbidden | Self::CsrfMismatch => StatusCode::FORBIDDEN,
             Self::Conflict(_) | Self::Rating(_) => StatusCode::CONFLICT,
             Self::Config(_) | Self::Internal(_) | Self::Database(_) | Self::Schema(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -79,6 +82,7 @@ impl BillingError {
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::Forbidden => "forbidden",
+            Self::CsrfMismatch => "csrf_mismatch",
             Self::Conflict(_) => "conflict",
             Self::Rating(_) => "unpriced_usage",
             Self::Config(_) | Self::Internal(_) | Self::Database(_) | Self::Schema(_) => "internal",

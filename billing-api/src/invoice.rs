@@ -35,6 +35,14 @@ pub struct InvoiceBody {
     pub overhead: Decimal,
     #[serde(with = "rust_decimal::serde::str")]
     pub adjustments: Decimal,
+    /// Reserved-capacity lines net of their credits (absent when the
+    /// tenant owns no dedicated replicas).
+    #[serde(
+        default,
+        with = "rust_decimal::serde::str",
+        skip_serializing_if = "Decimal::is_zero"
+    )]
+    pub reserved: Decimal,
     /// Exactly the sum of every line.
     #[serde(with = "rust_decimal::serde::str")]
     pub total: Decimal,
@@ -53,6 +61,7 @@ impl InvoiceBody {
         let subtotal = sum(&[LineKind::Usage, LineKind::Discount]);
         let overhead = sum(&[LineKind::Overhead]);
         let adjustments = sum(&[LineKind::Adjustment]);
+        let reserved = sum(&[LineKind::Reserved, LineKind::Credit]);
         Self {
             head,
             usage,
@@ -61,6 +70,7 @@ impl InvoiceBody {
             subtotal,
             overhead,
             adjustments,
+            reserved,
         }
     }
 

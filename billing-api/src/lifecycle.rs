@@ -1,93 +1,34 @@
-//! The invoice lifecycle in Postgres: finalize (immutable, gapless number,
-//! content hash; finalizing twice returns the same invoice), void with a
-//! reason, and adjustments: usage that arrives for a finalized month is
-//! billed as an adjustment line on a later invoice, never by changing the
-//! finalized one.
+//! The invoice lifecycle: the invoice as it stands (finalized, or a fresh
+//! draft), finalize (immutable, gapless number, content hash; finalizing
+//! twice returns the same invoice), void with a reason, and closing a
+//! month (finalizing every tenant's invoice of it).
+//!
+//! A finalization reads everything — the finalized invoice it may find,
+//! the tenant, price book, usage and earlier invoices of its draft — on the
+//! transaction that holds its lock: it needs one connection, however many
+//! run at once (it used to read on other pool connections while holding
+//! the lock, and eight at once exhausted a pool of eight).
 
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use rust_decimal::Decimal;
-use sqlx::PgPool;
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool};
 
-use crate::drafts::{self, Tenant};
+use crate::drafts;
 use crate::error::BillingError;
-use crate::invoice::{Invoice, InvoiceBody, Status};
+use crate::invoice::{Invoice, Status};
 use crate::period::Month;
-use crate::rating::{Line, LineKind};
-
-/// How far back late usage is looked for.
-const ADJUSTMENT_MONTHS: usize = 12;
-
-/// A stored invoice as selected by the queries below.
-#[derive(sqlx::FromRow)]
-struct Row {
-    tenant_id: String,
-    status: String,
-    number: i64,
-    content: sqlx::types::Json<InvoiceBody>,
-    hash: String,
-    finalized_at: DateTime<Utc>,
-    voided_at: Option<DateTime<Utc>>,
-    void_reason: Option<String>,
-}
-
-fn from_row(row: Row) -> Invoice {
-    let status = if row.status == "voided" {
-        Status::Voided
-    } else {
-        Status::Finalized
-    };
-    Invoice {
-        payable: status == Status::Finalized && !row.content.0.head.shadow,
-        status,
-        number: Some(row.number),
-        content_hash: row.hash,
-        finalized_at: Some(row.finalized_at),
-        voided_at: row.voided_at,
-        void_reason: row.void_reason,
-        body: row.content.0,
-    }
-}
-
-/// The live finalized invoice of a tenant's month, if any.
-pub async fn finalized(
-    pool: &PgPool,
-    tenant: &str,
-    month: Month,
-) -> Result<Option<Invoice>, BillingError> {
-    let row: Option<Row> = sqlx::query_as(
-        "SELECT tenant_id, status, number, content, encode(content_hash, 'hex') AS hash, finalized_at,
-                voided_at, void_reason
-         FROM invoices WHERE tenant_id = $1 AND period = $2 AND status = 'finalized'",
-    )
-    .bind(tenant)
-    .bind(month.to_string())
-    .fetch_optional(pool)
-    .await?;
-    Ok(row.map(from_row))
-}
+use crate::store;
 
 /// The invoices of `month` for the given tenants as they stand: the
 /// finalized one where there is one, a fresh draft otherwise; by tenant id.
 pub async fn current_many(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     month: Month,
     ids: &[String],
 ) -> Result<Vec<Invoice>, BillingError> {
-    let rows: Vec<Row> = sqlx::query_as(
-            "SELECT tenant_id, status, number, content, encode(content_hash, 'hex') AS hash, finalized_at,
-                    voided_at, void_reason
-             FROM invoices WHERE period = $1 AND status = 'finalized' AND tenant_id = ANY($2)",
-        )
-        .bind(month.to_string())
-        .bind(ids)
-        .fetch_all(pool)
-        .await?;
-    let mut done: HashMap<String, Invoice> = rows
-        .into_iter()
-        .map(|row| (row.tenant_id.clone(), from_row(row)))
-        .collect();
+    let mut done = store::invoices::finalized_many(conn, month, ids).await?;
     let missing: Vec<String> = ids
         .iter()
         .filter(|t| !done.contains_key(*t))
@@ -96,7 +37,7 @@ pub async fn current_many(
     let mut drafts: HashMap<String, Invoice> = if missing.is_empty() {
         HashMap::new()
     } else {
-        drafts::drafts(pool, month, Some(&missing))
+        drafts::drafts(conn, month, Some(&missing))
             .await?
             .into_iter()
             .map(|b| (b.head.tenant_id.clone(), Invoice::draft(b)))
@@ -109,37 +50,40 @@ pub async fn current_many(
 }
 
 /// The invoice as it stands: the finalized one, or a fresh draft.
-pub async fn current(pool: &PgPool, tenant: &str, month: Month) -> Result<Invoice, BillingError> {
-    if let Some(done) = finalized(pool, tenant, month).await? {
+pub async fn current(
+    conn: &mut PgConnection,
+    tenant: &str,
+    month: Month,
+) -> Result<Invoice, BillingError> {
+    if let Some(done) = store::invoices::finalized(conn, tenant, month).await? {
         return Ok(done);
     }
     let ids = [tenant.to_owned()];
-    let body = drafts::drafts(pool, month, Some(&ids))
+    let body = drafts::drafts(conn, month, Some(&ids))
         .await?
         .pop()
         .ok_or(BillingError::NotFound)?;
     Ok(Invoice::draft(body))
 }
 
-/// Finalizes a month that is over. Idempotent: a finalized invoice is returned as it is.
+/// Finalizes a month that is over. Idempotent: a finalized invoice is
+/// returned as it is. Returns the invoice and whether this call finalized it.
 pub async fn finalize(
     pool: &PgPool,
     tenant: &str,
     month: Month,
     who: &str,
     now: DateTime<Utc>,
-) -> Result<Invoice, BillingError> {
+) -> Result<(Invoice, bool), BillingError> {
     let ids = [tenant.to_owned()];
     let mut tx = pool.begin().await?;
     // Serializes finalizations: numbers are gapless and a month is finalized once.
-    sqlx::query("LOCK TABLE invoices IN SHARE ROW EXCLUSIVE MODE")
-        .execute(&mut *tx)
-        .await?;
-    if let Some(done) = finalized(pool, tenant, month).await? {
+    store::invoices::lock_for_finalize(&mut tx).await?;
+    if let Some(done) = store::invoices::finalized(&mut tx, tenant, month).await? {
         tx.rollback().await?;
-        return Ok(done);
+        return Ok((done, false));
     }
-    let body = drafts::drafts(pool, month, Some(&ids))
+    let body = drafts::drafts(&mut tx, month, Some(&ids))
         .await?
         .pop()
         .ok_or(BillingError::NotFound)?;
@@ -149,32 +93,14 @@ pub async fn finalize(
             body.head.period_end.to_rfc3339()
         )));
     }
-    let hash = body.content_hash();
-    let (number,): (i64,) = sqlx::query_as("SELECT coalesce(max(number), 0) + 1 FROM invoices")
-        .fetch_one(&mut *tx)
-        .await?;
-    sqlx::query(
-        "INSERT INTO invoices (tenant_id, period, status, number, content, content_hash, finalized_at, finalized_by)
-         VALUES ($1, $2, 'finalized', $3, $4, decode($5, 'hex'), $6, $7)",
-    )
-    .bind(tenant)
-    .bind(month.to_string())
-    .bind(number)
-    .bind(sqlx::types::Json(&body))
-    .bind(&hash)
-    .bind(now)
-    .bind(who)
-    .execute(&mut *tx)
-    .await?;
+    let invoice = store::invoices::insert_finalized(&mut tx, &body, now, who).await?;
     tx.commit().await?;
-    finalized(pool, tenant, month)
-        .await?
-        .ok_or(BillingError::NotFound)
+    Ok((invoice, true))
 }
 
 /// Voids the finalized invoice of a month, with a reason. The month can then be finalized again.
 pub async fn void(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     tenant: &str,
     month: Month,
     reason: &str,
@@ -183,98 +109,59 @@ pub async fn void(
     if reason.trim().is_empty() {
         return Err(BillingError::BadRequest("a void needs a reason".into()));
     }
-    let row: Option<Row> = sqlx::query_as(
-        "UPDATE invoices SET status = 'voided', voided_at = now(), voided_by = $3, void_reason = $4
-         WHERE tenant_id = $1 AND period = $2 AND status = 'finalized'
-         RETURNING tenant_id, status, number, content, encode(content_hash, 'hex') AS hash,
-                   finalized_at, voided_at, void_reason",
-    )
-    .bind(tenant)
-    .bind(month.to_string())
-    .bind(who)
-    .bind(reason)
-    .fetch_optional(pool)
-    .await?;
-    row.map(from_row).ok_or_else(|| {
-        BillingError::Conflict(format!("{tenant} has no finalized invoice for {month}"))
-    })
+    store::invoices::void(conn, tenant, month, reason, who)
+        .await?
+        .ok_or_else(|| {
+            BillingError::Conflict(format!("{tenant} has no finalized invoice for {month}"))
+        })
 }
 
-/// Adjustment lines for `month`: for each earlier finalized month (up to a
-/// year back), what its usage rates to now, less what its invoice billed and
-/// what finalized invoices after it already adjusted.
-pub async fn adjustments(
+/// What closing a month did, tenant by tenant.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct CloseReport {
+    pub period: String,
+    /// Tenants whose invoice this call finalized, with its number.
+    pub finalized: Vec<Closed>,
+    /// Tenants whose invoice was already finalized, with its number.
+    pub already_finalized: Vec<Closed>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Closed {
+    pub tenant_id: String,
+    pub number: Option<i64>,
+}
+
+/// Finalizes every tenant's invoice of `month` (idempotent: a second call
+/// finalizes nothing and says so). Stops at the first tenant that cannot
+/// be finalized (the month not over, no price book), naming it.
+pub async fn close_month(
     pool: &PgPool,
     month: Month,
-    tenants: &[Tenant],
-) -> Result<HashMap<String, Vec<Line>>, BillingError> {
-    let mut earliest = month;
-    for _ in 0..ADJUSTMENT_MONTHS {
-        earliest = earliest.prev();
-    }
-    let ids: Vec<&str> = tenants.iter().map(|t| t.tenant_id.as_str()).collect();
-    let rows: Vec<(String, String, sqlx::types::Json<InvoiceBody>)> = sqlx::query_as(
-        "SELECT tenant_id, period, content FROM invoices
-         WHERE status = 'finalized' AND tenant_id = ANY($1) AND period >= $2 AND period < $3
-         ORDER BY tenant_id, period",
-    )
-    .bind(&ids)
-    .bind(earliest.to_string())
-    .bind(month.to_string())
-    .fetch_all(pool)
-    .await?;
-    if rows.is_empty() {
-        return Ok(HashMap::new());
-    }
-    // What each (tenant, earlier month) has been billed so far: its own
-    // usage lines, plus adjustments for it on finalized invoices since.
-    let mut billed: HashMap<(String, String), Decimal> = HashMap::new();
-    for (tenant, period, body) in &rows {
-        *billed.entry((tenant.clone(), period.clone())).or_default() += body.0.subtotal;
-        for l in body
-            .0
-            .lines
-            .iter()
-            .filter(|l| l.kind == LineKind::Adjustment)
-        {
-            if let Some(q) = &l.adjusts {
-                *billed.entry((tenant.clone(), q.clone())).or_default() += l.amount;
-            }
-        }
-    }
-    let mut out: HashMap<String, Vec<Line>> = HashMap::new();
-    for (tenant, period, _) in &rows {
-        let Some(t) = tenants.iter().find(|t| &t.tenant_id == tenant) else {
-            continue;
+    who: &str,
+    now: DateTime<Utc>,
+) -> Result<CloseReport, BillingError> {
+    let tenants = {
+        let mut conn = pool.acquire().await?;
+        store::tenants::list(&mut conn, None).await?
+    };
+    let mut report = CloseReport {
+        period: month.to_string(),
+        finalized: Vec::new(),
+        already_finalized: Vec::new(),
+    };
+    for t in tenants {
+        let (invoice, fresh) = finalize(pool, &t.tenant_id, month, who, now).await?;
+        debug_assert_eq!(invoice.status, Status::Finalized);
+        let closed = Closed {
+            tenant_id: t.tenant_id,
+            number: invoice.number,
         };
-        let q = Month::parse(period)?;
-        let now: Decimal = drafts::usage_lines(pool, q, t)
-            .await?
-            .iter()
-            .map(|l| l.amount)
-            .sum();
-        let delta = now
-            - billed
-                .get(&(tenant.clone(), period.clone()))
-                .copied()
-                .unwrap_or_default();
-        if !delta.is_zero() {
-            out.entry(tenant.clone()).or_default().push(Line {
-                kind: LineKind::Adjustment,
-                description: format!(
-                    "usage for {period} that arrived after its invoice was finalized"
-                ),
-                model: None,
-                priority: None,
-                off_peak: None,
-                unit: "-".into(),
-                quantity: Decimal::ONE,
-                unit_price: delta,
-                per: 1,
-                amount: delta,
-                adjusts: Some(period.clone()),
-            });
+        if fresh {
+            report.finalized.push(closed);
+        } else {
+            report.already_finalized.push(closed);
         }
     }
-    Ok(out)
+    Ok(report)
 }

@@ -1,40 +1,16 @@
 //! Request lookup for support: paste an `X-Request-Id`, get the request's
 //! usage record and the invoice it landed on. No money in the answer.
 
-use chrono::{DateTime, Utc};
-use rust_decimal::Decimal;
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::drafts;
 use crate::error::BillingError;
 use crate::invoice::Status;
 use crate::period::Month;
+use crate::store;
 
-#[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct RequestRecord {
-    #[sqlx(skip)]
-    pub request_id: String,
-    pub tenant_id: String,
-    pub api_key_id: String,
-    pub model: String,
-    pub model_version: String,
-    pub priority: i16,
-    pub started_at: DateTime<Utc>,
-    pub first_token_at: Option<DateTime<Utc>>,
-    pub finished_at: DateTime<Utc>,
-    pub prompt_tokens: i64,
-    pub cached_tokens: i64,
-    pub completion_tokens: i64,
-    #[serde(with = "rust_decimal::serde::str")]
-    pub gpu_seconds: Decimal,
-    pub finish_reason: String,
-    pub gateway_id: String,
-    pub replica_id: String,
-    pub stream: bool,
-    pub ingested_at: DateTime<Utc>,
-}
+pub use crate::store::usage::RequestRecord;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct InvoiceRef {
@@ -49,27 +25,16 @@ pub struct Lookup {
     pub invoice: InvoiceRef,
 }
 
-pub async fn lookup(pool: &PgPool, id: Uuid) -> Result<Option<Lookup>, BillingError> {
-    let record: Option<RequestRecord> = sqlx::query_as(
-        "SELECT tenant_id, api_key_id, model, model_version, priority, started_at, first_token_at,
-                finished_at, prompt_tokens, cached_tokens, completion_tokens, gpu_seconds,
-                finish_reason, gateway_id, replica_id, stream, ingested_at
-         FROM request_log WHERE request_id = $1",
-    )
-    .bind(id)
-    .fetch_optional(pool)
-    .await?;
-    let Some(mut request) = record else {
+/// The request and its invoice, if request_log still holds it.
+pub async fn lookup(conn: &mut PgConnection, id: Uuid) -> Result<Option<Lookup>, BillingError> {
+    let Some(request) = store::usage::request(conn, id).await? else {
         return Ok(None);
     };
-    request.request_id = format!("req_{id}");
-    let ids = [request.tenant_id.clone()];
-    let tenant = drafts::tenants(pool, Some(&ids))
+    let tenant = store::tenants::get(conn, &request.tenant_id)
         .await?
-        .pop()
         .ok_or(BillingError::NotFound)?;
     let month = Month::containing(request.started_at, tenant.time_zone);
-    let invoice = match crate::lifecycle::finalized(pool, &tenant.tenant_id, month).await? {
+    let invoice = match store::invoices::finalized(conn, &tenant.tenant_id, month).await? {
         Some(inv) => InvoiceRef {
             period: month.to_string(),
             status: inv.status,

@@ -1,12 +1,57 @@
+use billing_api::access::{Principal, Role};
+use billing_api::params::TenantId;
+use billing_api::tenant_admin;
+use billing_api::tokens::{self, IssueRequest};
 use billing_api::BillingConfig;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
-/// Meterline billing-api.
+/// Meterline billing-api: serves the API and the pages; `token …`
+/// administers billing tokens directly on the database (as finance, audited
+/// as `cli`).
 #[derive(Parser)]
 #[command(version)]
 struct Cli {
     #[command(flatten)]
     config: BillingConfig,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Billing tokens: issue, list, revoke.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Tenants, their keys and limits: `apply FILE` upserts a seed file
+    /// shaped like `config/tenants.yaml`, validated as a whole first.
+    #[command(subcommand)]
+    Tenants(TenantsCommand),
+}
+
+#[derive(Subcommand)]
+enum TenantsCommand {
+    /// Validates the file and upserts every tenant, key and limit in it
+    /// (one transaction; nothing is written if any tenant is refused).
+    Apply { file: std::path::PathBuf },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Issues a token and prints it (once; only its hash is stored).
+    Issue {
+        /// finance, team_lead or support.
+        #[arg(long)]
+        role: String,
+        /// The tenant a team lead sees.
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, default_value = "")]
+        label: String,
+    },
+    /// Lists every token (never the token itself).
+    List,
+    /// Revokes a token; its page sessions end.
+    Revoke { token_id: String },
 }
 
 #[tokio::main]
@@ -26,8 +71,63 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    billing_api::service::run(cli.config, serving::shutdown_signal()).await?;
+    let Some(command) = cli.command else {
+        billing_api::service::run(cli.config, serving::shutdown_signal()).await?;
+        return Ok(std::process::ExitCode::SUCCESS);
+    };
+    let pool = schema::connect(
+        &cli.config.database_url,
+        2,
+        std::time::Duration::from_secs(30),
+    )
+    .await?;
+    let cmd = match command {
+        Command::Token(cmd) => cmd,
+        Command::Tenants(TenantsCommand::Apply { file }) => {
+            let seed = tenant_admin::load("tenants apply", &file)?;
+            tenant_admin::apply(&pool, &seed).await?;
+            tracing::info!(tenants = seed.tenants.len(), file = %file.display(), "applied");
+            return Ok(std::process::ExitCode::SUCCESS);
+        }
+    };
+    let who = Principal {
+        token_id: "cli".into(),
+        role: Role::Finance,
+        tenant_id: None,
+    };
+    let out = match cmd {
+        TokenCommand::Issue {
+            role,
+            tenant,
+            label,
+        } => {
+            let tenant_id = tenant
+                .map(|t| TenantId::parse(&t))
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
+            let issued = tokens::issue(
+                &pool,
+                &who,
+                &IssueRequest {
+                    role,
+                    tenant_id,
+                    label,
+                },
+            )
+            .await?;
+            serde_json::to_string_pretty(&issued)?
+        }
+        TokenCommand::List => serde_json::to_string_pretty(&tokens::list(&pool, &who).await?)?,
+        TokenCommand::Revoke { token_id } => {
+            serde_json::to_string_pretty(&tokens::revoke(&pool, &who, &token_id).await?)?
+        }
+    };
+    #[expect(clippy::print_stdout, reason = "the CLI's answer")]
+    {
+        println!("{out}");
+    }
     Ok(std::process::ExitCode::SUCCESS)
 }

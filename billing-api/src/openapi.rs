@@ -172,6 +172,10 @@ impl Modify for CommonErrors {
         crate::routes::focus_export,
         crate::routes::lookup_request,
         crate::routes::put_price_book,
+        crate::admin::close_month,
+        crate::admin::list_tokens,
+        crate::admin::issue_token,
+        crate::admin::revoke_token,
     ),
     components(schemas(
         ErrorBody,

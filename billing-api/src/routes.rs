@@ -1,9 +1,6 @@
-//! The HTTP handlers: extract, check the caller's role, delegate, audit.
-//!
-//! Access rules, in one place ([`Access`]): finance sees every tenant;
-//! a team lead sees only their tenant's usage, invoices and shadow bills
-//! (another tenant's id is a 404, never a 403, so ids can't be probed);
-//! support looks up requests and sees no money.
+//! The JSON API's handlers: extract, check the caller with
+//! [`crate::access::check`], delegate to the service modules (which reach
+//! Postgres only through [`crate::store`]), audit, answer.
 
 use axum::extract::State;
 use axum::http::header;
@@ -12,15 +9,15 @@ use chrono::{NaiveDate, Utc};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{audit, Principal, Role};
-use crate::drafts;
+use crate::access::{audit, check, Access, Principal};
 use crate::error::BillingError;
 use crate::extract::{Json, Path, Query, Text};
 use crate::params::{FocusFormat, InvoiceFormat, RequestId, Share, TenantId};
 use crate::period::Month;
 use crate::rating::PriceBook;
-use crate::service::AppState;
-use crate::{export, lifecycle, lookup, shadow};
+use crate::state::AppState;
+use crate::tenant::Tenant;
+use crate::{export, lifecycle, lookup, shadow, store};
 
 /// `{tenant}/…/{period}` in a path.
 #[derive(Deserialize)]
@@ -29,34 +26,13 @@ pub struct TenantMonth {
     period: Month,
 }
 
-/// What a caller may do with a tenant's data.
-pub(crate) enum Access {
-    /// Read a tenant's money (invoices, shadow bills, usage).
-    ReadMoney,
-    /// Change or export money (finance only).
-    ManageMoney,
-}
-
-pub(crate) fn check(
-    who: &Principal,
-    tenant: Option<&str>,
-    access: Access,
-) -> Result<(), BillingError> {
-    match (who.role, access) {
-        (Role::Finance, _) => Ok(()),
-        (Role::TeamLead, _) if tenant.is_some() && tenant != who.tenant_id.as_deref() => {
-            Err(BillingError::NotFound)
-        }
-        (Role::TeamLead, Access::ReadMoney) if tenant.is_some() => Ok(()),
-        (Role::TeamLead, _) | (Role::Support, _) => Err(BillingError::Forbidden),
-    }
-}
-
-async fn known_tenant(state: &AppState, tenant: &str) -> Result<drafts::Tenant, BillingError> {
-    let ids = [tenant.to_owned()];
-    drafts::tenants(&state.pool, Some(&ids))
+/// The tenant, or 404.
+pub(crate) async fn known_tenant(
+    conn: &mut sqlx::PgConnection,
+    tenant: &str,
+) -> Result<Tenant, BillingError> {
+    store::tenants::get(conn, tenant)
         .await?
-        .pop()
         .ok_or(BillingError::NotFound)
 }
 
@@ -76,9 +52,10 @@ pub async fn get_invoice(
 ) -> Result<Response, BillingError> {
     let tenant = tenant.as_str();
     check(&who, Some(tenant), Access::ReadMoney)?;
-    known_tenant(&state, tenant).await?;
-    let invoice = lifecycle::current(&state.pool, tenant, period).await?;
-    audit(&state.pool, &who, "read_invoice", Some(tenant)).await?;
+    let mut conn = state.pool.acquire().await?;
+    known_tenant(&mut conn, tenant).await?;
+    let invoice = lifecycle::current(&mut conn, tenant, period).await?;
+    audit(&mut conn, &who, "read_invoice", Some(tenant), None).await?;
     Ok(Json(invoice).into_response())
 }
 
@@ -98,10 +75,17 @@ pub async fn finalize_invoice(
 ) -> Result<Response, BillingError> {
     let tenant = tenant.as_str();
     check(&who, Some(tenant), Access::ManageMoney)?;
-    known_tenant(&state, tenant).await?;
-    let invoice =
+    known_tenant(&mut *state.pool.acquire().await?, tenant).await?;
+    let (invoice, _) =
         lifecycle::finalize(&state.pool, tenant, period, &who.token_id, Utc::now()).await?;
-    audit(&state.pool, &who, "finalize_invoice", Some(tenant)).await?;
+    audit(
+        &mut *state.pool.acquire().await?,
+        &who,
+        "finalize_invoice",
+        Some(tenant),
+        None,
+    )
+    .await?;
     Ok(Json(invoice).into_response())
 }
 
@@ -131,9 +115,10 @@ pub async fn void_invoice(
 ) -> Result<Response, BillingError> {
     let tenant = tenant.as_str();
     check(&who, Some(tenant), Access::ManageMoney)?;
-    known_tenant(&state, tenant).await?;
-    let invoice = lifecycle::void(&state.pool, tenant, period, &body.reason, &who.token_id).await?;
-    audit(&state.pool, &who, "void_invoice", Some(tenant)).await?;
+    let mut conn = state.pool.acquire().await?;
+    known_tenant(&mut conn, tenant).await?;
+    let invoice = lifecycle::void(&mut conn, tenant, period, &body.reason, &who.token_id).await?;
+    audit(&mut conn, &who, "void_invoice", Some(tenant), None).await?;
     Ok(Json(invoice).into_response())
 }
 
@@ -163,14 +148,15 @@ pub async fn shadow_bill(
 ) -> Result<Response, BillingError> {
     let tenant = tenant.as_str();
     check(&who, Some(tenant), Access::ReadMoney)?;
-    let t = known_tenant(&state, tenant).await?;
+    let mut conn = state.pool.acquire().await?;
+    let t = known_tenant(&mut conn, tenant).await?;
     let now = Utc::now();
     let month = q
         .period
         .unwrap_or_else(|| Month::containing(now, t.time_zone));
     let shift = q.shift.map_or(Decimal::new(25, 2), |s| s.0);
-    let bill = shadow::shadow_bill(&state.pool, &t, month, shift, now).await?;
-    audit(&state.pool, &who, "read_shadow_bill", Some(tenant)).await?;
+    let bill = shadow::shadow_bill(&mut conn, &t, month, shift, now).await?;
+    audit(&mut conn, &who, "read_shadow_bill", Some(tenant), None).await?;
     Ok(Json(bill).into_response())
 }
 
@@ -223,10 +209,11 @@ pub async fn list_invoices(
             "limit must be between 1 and 1000".into(),
         ));
     }
+    let mut conn = state.pool.acquire().await?;
     let ids =
-        drafts::tenant_page(&state.pool, q.cursor.as_ref().map(TenantId::as_str), limit).await?;
-    let invoices = lifecycle::current_many(&state.pool, q.period, &ids).await?;
-    audit(&state.pool, &who, "list_invoices", None).await?;
+        store::tenants::page(&mut conn, q.cursor.as_ref().map(TenantId::as_str), limit).await?;
+    let invoices = lifecycle::current_many(&mut conn, q.period, &ids).await?;
+    audit(&mut conn, &who, "list_invoices", None, None).await?;
     let next = (ids.len() as i64 == limit)
         .then(|| ids.last().cloned())
         .flatten();
@@ -268,10 +255,11 @@ pub async fn focus_export(
     Query(q): Query<FocusQuery>,
 ) -> Result<Response, BillingError> {
     check(&who, None, Access::ManageMoney)?;
-    let tenants = drafts::tenants(&state.pool, None).await?;
+    let mut conn = state.pool.acquire().await?;
+    let tenants = store::tenants::list(&mut conn, None).await?;
     let ids: Vec<String> = tenants.iter().map(|t| t.tenant_id.clone()).collect();
-    let invoices = lifecycle::current_many(&state.pool, q.period, &ids).await?;
-    audit(&state.pool, &who, "export_focus", None).await?;
+    let invoices = lifecycle::current_many(&mut conn, q.period, &ids).await?;
+    audit(&mut conn, &who, "export_focus", None, None).await?;
     match q.format.unwrap_or_default() {
         FocusFormat::Csv => Ok(csv_response(export::focus_csv(&invoices, &tenants)?, None)),
         FocusFormat::Parquet => Ok((
@@ -308,19 +296,17 @@ pub async fn lookup_request(
     who: Principal,
     Path(RequestId(id)): Path<RequestId>,
 ) -> Result<Response, BillingError> {
-    let found = lookup::lookup(&state.pool, id)
+    let mut conn = state.pool.acquire().await?;
+    let found = lookup::lookup(&mut conn, id)
         .await?
         .ok_or(BillingError::NotFound)?;
-    if who.role == Role::TeamLead
-        && who.tenant_id.as_deref() != Some(found.request.tenant_id.as_str())
-    {
-        return Err(BillingError::NotFound);
-    }
+    check(&who, Some(&found.request.tenant_id), Access::LookupRequest)?;
     audit(
-        &state.pool,
+        &mut conn,
         &who,
         "lookup_request",
         Some(&found.request.tenant_id),
+        None,
     )
     .await?;
     Ok(Json(found).into_response())
@@ -348,8 +334,16 @@ pub async fn put_price_book(
 ) -> Result<Response, BillingError> {
     check(&who, None, Access::ManageMoney)?;
     let book = PriceBook::from_yaml(&body)?;
-    drafts::put_book(&state.pool, &book).await?;
-    audit(&state.pool, &who, "load_price_book", None).await?;
+    let mut conn = state.pool.acquire().await?;
+    store::price_books::put(&mut conn, &book).await?;
+    audit(
+        &mut conn,
+        &who,
+        "load_price_book",
+        None,
+        Some(&book.version),
+    )
+    .await?;
     Ok(Json(LoadedBook {
         version: book.version,
         effective_from: book.effective_from,

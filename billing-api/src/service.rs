@@ -1,4 +1,4 @@
-//! Builds billing-api: state, router, serve loop.
+//! Builds billing-api: config, router, serve loop.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -7,18 +7,11 @@ use std::time::Duration;
 use axum::routing::{get, post};
 use axum::Router;
 use clap::Args;
-use sqlx::PgPool;
 
-use crate::auth::put_token;
 use crate::error::BillingError;
 use crate::rating::PriceBook;
-use crate::{drafts, routes, usage};
-
-#[derive(Clone)]
-pub struct AppState {
-    pub pool: PgPool,
-    pub cost_metrics: crate::cost_metrics::Cache,
-}
+use crate::state::AppState;
+use crate::{admin, auth, pages, routes, store, tenant_admin, usage};
 
 #[derive(Debug, Clone, Args)]
 pub struct BillingConfig {
@@ -39,6 +32,21 @@ pub struct BillingConfig {
     /// installation's first login and for the demo.
     #[arg(long, env = "BILLING_BOOTSTRAP_FINANCE_TOKEN")]
     pub bootstrap_finance_token: Option<String>,
+    /// A tenants file (YAML, shaped like config/tenants.yaml) to upsert at
+    /// start-up: tenants, API keys and limits, validated before anything is
+    /// written. billing-api owns tenants; the gateway only reads them.
+    #[arg(long, env = "BILLING_TENANTS_FILE")]
+    pub tenants_file: Option<std::path::PathBuf>,
+    /// The bearer token Prometheus sends for `/metrics` (at least 16
+    /// characters). Unset: `/metrics` answers 401 to everyone.
+    #[arg(long, env = "BILLING_METRICS_TOKEN")]
+    pub metrics_token: Option<String>,
+    /// How long a page session lasts after sign-in, in minutes.
+    #[arg(long, env = "BILLING_SESSION_MINUTES", default_value_t = 480)]
+    pub session_minutes: u64,
+    /// Mark session cookies `Secure` (set when billing-api is served over TLS).
+    #[arg(long, env = "BILLING_SECURE_COOKIES", default_value_t = false)]
+    pub secure_cookies: bool,
     /// Slow-client bounds and the shutdown grace of the listener.
     #[command(flatten)]
     pub http: serving::HttpSettings,
@@ -67,6 +75,13 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/exports/focus", get(routes::focus_export))
         .route("/v1/requests/{request_id}", get(routes::lookup_request))
         .route("/v1/price-books", post(routes::put_price_book))
+        .route("/v1/periods/{period}/close", post(admin::close_month))
+        .route(
+            "/v1/tokens",
+            get(admin::list_tokens).post(admin::issue_token),
+        )
+        .route("/v1/tokens/{token_id}/revoke", post(admin::revoke_token))
+        .merge(pages::routes())
         .route("/metrics", get(crate::cost_metrics::metrics))
         .route(
             "/openapi.json",
@@ -93,13 +108,42 @@ pub async fn run(
         .await
         .map_err(|e| BillingError::Config(format!("BILLING_ADDR {}: {e}", config.addr)))?;
     let pool = schema::connect(&config.database_url, 8, Duration::from_secs(60)).await?;
+    let metrics_token_hash = match &config.metrics_token {
+        Some(t) if t.len() < 16 => {
+            return Err(BillingError::Config(
+                "BILLING_METRICS_TOKEN must be at least 16 characters".into(),
+            ))
+        }
+        Some(t) => Some(auth::hash_token(t)),
+        None => None,
+    };
+    if config.session_minutes == 0 {
+        return Err(BillingError::Config(
+            "BILLING_SESSION_MINUTES must be above 0".into(),
+        ));
+    }
+    if let Some(path) = &config.tenants_file {
+        let seed = tenant_admin::load("BILLING_TENANTS_FILE", path)?;
+        tenant_admin::apply(&pool, &seed).await?;
+        tracing::info!(tenants = seed.tenants.len(), "seeded tenants");
+    }
+    let mut conn = pool.acquire().await?;
     if let Some(token) = &config.bootstrap_finance_token {
         if token.len() < 16 {
             return Err(BillingError::Config(
                 "BILLING_BOOTSTRAP_FINANCE_TOKEN must be at least 16 characters".into(),
             ));
         }
-        put_token(&pool, "bootstrap-finance", token, "finance", None).await?;
+        store::access::put_token(
+            &mut conn,
+            "bootstrap-finance",
+            &auth::hash_token(token),
+            "finance",
+            None,
+            "bootstrap",
+            None,
+        )
+        .await?;
     }
     if let Some(path) = &config.price_book_file {
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -108,13 +152,17 @@ pub async fn run(
         let book = PriceBook::from_yaml(&text).map_err(|e| {
             BillingError::Config(format!("BILLING_PRICE_BOOK_FILE {}: {e}", path.display()))
         })?;
-        drafts::put_book(&pool, &book).await?;
+        store::price_books::put(&mut conn, &book).await?;
         tracing::info!(version = %book.version, "price book loaded");
     }
+    drop(conn);
     tracing::info!(addr = %config.addr, "billing-api listening");
     let state = AppState {
         pool,
         cost_metrics: Default::default(),
+        metrics_token_hash,
+        session_lifetime: Duration::from_secs(config.session_minutes.saturating_mul(60)),
+        secure_cookies: config.secure_cookies,
     };
     serving::serve(listener, app(state), config.http, shutdown)
         .await

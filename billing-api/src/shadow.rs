@@ -12,13 +12,14 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, NaiveDate, Timelike, Utc};
 use rust_decimal::Decimal;
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::PgConnection;
 
-use crate::drafts::{self, Tenant};
 use crate::error::BillingError;
 use crate::invoice::Invoice;
 use crate::period::Month;
 use crate::rating::{cents, rate, UsageGroup};
+use crate::store;
+use crate::tenant::Tenant;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ShadowBill {
@@ -37,8 +38,30 @@ pub struct ShadowBill {
     /// By local hour of day, `0` to `23` (JSON keys are strings).
     #[schema(value_type = BTreeMap<String, Amount>)]
     pub by_hour_of_day: BTreeMap<u32, Amount>,
+    /// By local day and model (the daily chart's stacks).
+    pub by_day_and_model: BTreeMap<NaiveDate, BTreeMap<String, Amount>>,
+    /// By hour of day in the price book's zone, `0` to `23`: where the
+    /// off-peak window is defined.
+    #[schema(value_type = BTreeMap<String, Amount>)]
+    pub by_hour_of_day_book_zone: BTreeMap<u32, Amount>,
+    /// The price book's zone and off-peak window (`HH:MM`, local to it).
+    pub book_time_zone: String,
+    pub off_peak_start: String,
+    pub off_peak_end: String,
+    #[serde(with = "rust_decimal::serde::str")]
+    pub off_peak_discount_percent: Decimal,
     pub peak: Amount,
     pub off_peak: Amount,
+    /// Cost per API key (from usage_key_hourly, rated per hour like the
+    /// other breakdowns). Covers the requests counted in `by_api_key_requests`;
+    /// months older than request_log's retention when the rollup began have
+    /// no per-key split.
+    pub by_api_key: BTreeMap<String, Amount>,
+    /// Requests the per-key split covers, of `month_to_date.usage.requests`.
+    pub by_api_key_requests: i64,
+    /// The month's budget and the share of it the month-to-date total uses
+    /// (warnings at 80% and 100%); absent when finance set none.
+    pub budget: Option<crate::budget::BudgetStatus>,
     pub shift: ShiftSaving,
 }
 
@@ -66,7 +89,7 @@ pub struct ShiftSaving {
 }
 
 pub async fn shadow_bill(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     tenant: &Tenant,
     month: Month,
     shift: Decimal,
@@ -77,22 +100,15 @@ pub async fn shadow_bill(
             "shift must be between 0 and 1".into(),
         ));
     }
-    let month_to_date = crate::lifecycle::current(pool, &tenant.tenant_id, month).await?;
-    let book = drafts::book_for(pool, month.first_day()).await?;
+    let month_to_date = crate::lifecycle::current(conn, &tenant.tenant_id, month).await?;
+    let book = store::price_books::in_effect(conn, month.first_day()).await?;
     let (start, end) = month.bounds(tenant.time_zone);
     let book_zone = crate::period::parse_zone(&book.time_zone)?;
-    type Row = (DateTime<Utc>, String, i16, i64, i64, i64, i64, Decimal);
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT hour, model, priority, requests, prompt_tokens, cached_tokens, completion_tokens, gpu_seconds
-         FROM usage_hourly WHERE tenant_id = $1 AND hour >= $2 AND hour < $3",
-    )
-    .bind(&tenant.tenant_id)
-    .bind(start)
-    .bind(end)
-    .fetch_all(pool)
-    .await?;
+    let rows = store::usage::shadow_rows(conn, &tenant.tenant_id, start, end).await?;
     let (mut by_model, mut by_day, mut by_hour) =
         (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+    let mut by_day_model: BTreeMap<NaiveDate, BTreeMap<String, Amount>> = BTreeMap::new();
+    let mut by_book_hour: BTreeMap<u32, Amount> = BTreeMap::new();
     let (mut peak, mut off_peak) = (Amount::default(), Amount::default());
     for (at, model, priority, requests, prompt, cached, completion, gpu) in rows {
         // Peak or off-peak in the book's zone; day and hour in the tenant's.
@@ -113,6 +129,16 @@ pub async fn shadow_bill(
             .iter()
             .map(|l| l.amount)
             .sum();
+        by_day_model
+            .entry(day)
+            .or_default()
+            .entry(model.clone())
+            .or_default()
+            .add(requests, amount);
+        by_book_hour
+            .entry(at.with_timezone(&book_zone).hour())
+            .or_default()
+            .add(requests, amount);
         by_model
             .entry(model)
             .or_insert_with(Amount::default)
@@ -141,6 +167,29 @@ pub async fn shadow_bill(
             + body.overhead
             + body.adjustments
     };
+    let mut by_key: BTreeMap<String, Amount> = BTreeMap::new();
+    for (key, at, model, priority, requests, prompt, cached, completion, gpu) in
+        store::usage::key_rows(conn, &tenant.tenant_id, start, end).await?
+    {
+        let group = UsageGroup {
+            model,
+            priority,
+            off_peak: book.is_off_peak(book_zone, at),
+            requests,
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            completion_tokens: completion,
+            gpu_seconds: gpu,
+        };
+        let amount: Decimal = rate(&[group], &book, tenant.billing_mode)?
+            .iter()
+            .map(|l| l.amount)
+            .sum();
+        by_key.entry(key).or_default().add(requests, amount);
+    }
+    let by_api_key_requests = by_key.values().map(|a| a.requests).sum();
+    let budget =
+        crate::budget::for_month(conn, &tenant.tenant_id, month, month_to_date.body.total).await?;
     let saving = cents(shift * peak.amount * book.off_peak.discount_percent / Decimal::ONE_HUNDRED);
     Ok(ShadowBill {
         tenant_id: tenant.tenant_id.clone(),
@@ -152,8 +201,17 @@ pub async fn shadow_bill(
         by_model,
         by_day,
         by_hour_of_day: by_hour,
+        by_day_and_model: by_day_model,
+        by_hour_of_day_book_zone: by_book_hour,
+        book_time_zone: book.time_zone.clone(),
+        off_peak_start: book.off_peak.start.format("%H:%M").to_string(),
+        off_peak_end: book.off_peak.end.format("%H:%M").to_string(),
+        off_peak_discount_percent: book.off_peak.discount_percent,
         peak,
         off_peak,
+        by_api_key: by_key,
+        by_api_key_requests,
+        budget,
         shift: ShiftSaving {
             share: shift,
             saving,

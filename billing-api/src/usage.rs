@@ -7,12 +7,12 @@ use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{audit, Principal};
+use crate::access::{audit, check, Access, Principal};
 use crate::error::BillingError;
 use crate::extract::{Json, Path, Query};
 use crate::params::TenantId;
-use crate::routes::{check, Access};
-use crate::service::AppState;
+use crate::state::AppState;
+use crate::store;
 
 /// The longest range one call may ask for.
 const MAX_RANGE_DAYS: i64 = 366;
@@ -28,22 +28,7 @@ pub struct Range {
     to: String,
 }
 
-#[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct HourRow {
-    pub hour: DateTime<Utc>,
-    pub model: String,
-    pub priority: i16,
-    pub requests: i64,
-    pub prompt_tokens: i64,
-    pub cached_tokens: i64,
-    pub completion_tokens: i64,
-    #[serde(with = "rust_decimal::serde::str")]
-    pub gpu_seconds: Decimal,
-    #[serde(with = "rust_decimal::serde::str")]
-    pub preempted_gpu_seconds: Decimal,
-    pub cancelled_requests: i64,
-    pub errored_requests: i64,
-}
+pub use crate::store::usage::HourRow;
 
 #[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct Totals {
@@ -101,25 +86,11 @@ pub async fn tenant_usage(
             "the range may span at most {MAX_RANGE_DAYS} days"
         )));
     }
-    let exists: Option<(String,)> =
-        sqlx::query_as("SELECT tenant_id FROM tenants WHERE tenant_id = $1")
-            .bind(&tenant)
-            .fetch_optional(&state.pool)
-            .await?;
-    if exists.is_none() {
+    let mut conn = state.pool.acquire().await?;
+    if store::tenants::get(&mut conn, &tenant).await?.is_none() {
         return Err(BillingError::NotFound);
     }
-    let hours: Vec<HourRow> = sqlx::query_as(
-        "SELECT hour, model, priority, requests, prompt_tokens, cached_tokens, completion_tokens,
-                gpu_seconds, preempted_gpu_seconds, cancelled_requests, errored_requests
-         FROM usage_hourly WHERE tenant_id = $1 AND hour >= $2 AND hour < $3
-         ORDER BY hour, model, priority",
-    )
-    .bind(&tenant)
-    .bind(from)
-    .bind(to)
-    .fetch_all(&state.pool)
-    .await?;
+    let hours = store::usage::hours(&mut conn, &tenant, from, to).await?;
     let mut totals = Totals::default();
     for h in &hours {
         totals.requests += h.requests;
@@ -128,7 +99,7 @@ pub async fn tenant_usage(
         totals.completion_tokens += h.completion_tokens;
         totals.gpu_seconds += h.gpu_seconds;
     }
-    audit(&state.pool, &who, "read_usage", Some(&tenant)).await?;
+    audit(&mut conn, &who, "read_usage", Some(&tenant), None).await?;
     Ok(Json(UsageResponse {
         tenant_id: tenant,
         from,

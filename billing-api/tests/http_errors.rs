@@ -6,8 +6,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
-use billing_api::auth::put_token;
+use billing_api::auth::hash_token;
 use billing_api::rating::PriceBook;
+use billing_api::store;
 use billing_api::{app, AppState};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
@@ -28,17 +29,24 @@ async fn start(pool: PgPool) -> Api {
     .execute(&pool)
     .await
     .unwrap();
-    put_token(&pool, "finance", FINANCE, "finance", None)
-        .await
-        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    store::access::put_token(
+        &mut conn,
+        "finance",
+        &hash_token(FINANCE),
+        "finance",
+        None,
+        "",
+        None,
+    )
+    .await
+    .unwrap();
     let book = PriceBook::from_yaml(include_str!("../../config/price-book.yaml")).unwrap();
-    billing_api::drafts::put_book(&pool, &book).await.unwrap();
+    store::price_books::put(&mut conn, &book).await.unwrap();
+    drop(conn);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let state = AppState {
-        pool,
-        cost_metrics: Default::default(),
-    };
+    let state = AppState::new(pool);
     // Served as the binary serves it: through the shared serving layer.
     tokio::spawn(serving::serve(
         listener,

@@ -308,10 +308,11 @@ async fn archived_rows(database_url: &str) -> anyhow::Result<i64> {
         .connect()
         .await
         .context("connecting to DATABASE_URL")?;
-    let (rows,): (i64,) =
-        sqlx::query_as("SELECT coalesce(sum(rows), 0)::bigint FROM archive_manifest")
-            .fetch_one(&mut conn)
-            .await?;
+    let (rows,): (i64,) = sqlx::query_as(
+        "SELECT coalesce(sum(rows), 0)::bigint FROM archive_manifest WHERE retired_at IS NULL",
+    )
+    .fetch_one(&mut conn)
+    .await?;
     Ok(rows)
 }
 

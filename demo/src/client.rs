@@ -1,5 +1,6 @@
 //! billing-api as the demo reads it (as finance): usage totals, invoices
-//! (typed by billing-api's own definition), finalizing, shadow bills.
+//! (typed by billing-api's own definition), finalizing, shadow bills,
+//! billing tokens for the pages.
 
 use std::time::Duration;
 
@@ -71,6 +72,35 @@ impl Billing {
             .await
             .with_context(|| format!("billing-api unreachable at {}", self.base))?;
         answer(r).await
+    }
+
+    /// Issues a billing token for `role` (and `tenant`, for a team lead)
+    /// through billing-api's token API, as finance; returns the token,
+    /// which billing-api shows only this once.
+    pub async fn issue_token(
+        &self,
+        role: &str,
+        tenant: Option<&str>,
+        label: &str,
+    ) -> anyhow::Result<String> {
+        let r = self
+            .http
+            .post(format!("{}/v1/tokens", self.base))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({"role": role, "tenant_id": tenant, "label": label}))
+            .send()
+            .await
+            .with_context(|| format!("billing-api unreachable at {}", self.base))?;
+        let status = r.status();
+        let text = r.text().await?;
+        if !status.is_success() {
+            bail!("billing-api refused a {role} token: {status}: {text}");
+        }
+        let v: Value = serde_json::from_str(&text).context("a token in billing-api's answer")?;
+        v["token"]
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| format!("no token in billing-api's answer: {text}"))
     }
 
     /// A tenant's shadow bill for the month so far.

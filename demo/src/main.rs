@@ -6,12 +6,14 @@
 //! archiver and billing-api (detached, pid files and logs in
 //! `.stack/demo/`); [`backfill`] fills and finalizes the month; [`traffic`]
 //! drives the live requests; [`client`] is billing-api as the demo reads
-//! it; [`report`] prints the tables.
+//! it; [`report`] prints the tables; [`pages`] the pages' URLs, with a
+//! sign-in token per role.
 
 #![allow(clippy::print_stdout, reason = "the demo prints its report")]
 
 mod backfill;
 mod client;
+mod pages;
 mod report;
 mod services;
 mod traffic;
@@ -117,10 +119,14 @@ async fn main() -> anyhow::Result<()> {
             cli.finance_token.clone(),
         ),
         (
+            "BILLING_METRICS_TOKEN".into(),
+            "demo-metrics-token-0001".into(),
+        ),
+        (
             "BILLING_PRICE_BOOK_FILE".into(),
             path("config/price-book.yaml"),
         ),
-        ("GATEWAY_TENANTS_FILE".into(), path("config/tenants.yaml")),
+        ("BILLING_TENANTS_FILE".into(), path("config/tenants.yaml")),
         (
             "GATEWAY_OUTBOX".into(),
             run_dir.0.join("gateway-outbox").display().to_string(),
@@ -140,6 +146,9 @@ async fn main() -> anyhow::Result<()> {
         ingest_metrics: cli.ingest_metrics_addr.clone(),
         archive_metrics: cli.archive_metrics_addr.clone(),
     };
+    // The tenants before the gateway that reads them (billing-api owns
+    // them; it applies the same file again when it starts).
+    seed_tenants(&cli.database_url, &root.join("config/tenants.yaml")).await?;
     run_dir.start(&env, &addrs).await?;
     println!(
         "demo: gateway {}, billing-api {}, ingest metrics {}, archiver metrics {} (logs in {})",
@@ -178,6 +187,12 @@ async fn main() -> anyhow::Result<()> {
     }
     report::months(&done, &shadow_bills);
     let all_match = report::matches(&live);
+    let roles = pages::roles(&billing, &cli.finance_token, &done.month.period).await?;
+    println!();
+    print!(
+        "{}",
+        pages::render(&format!("http://{}", addrs.billing), &roles)
+    );
     println!();
     println!("demo: services are still running; stop them with: scripts/demo.sh stop");
     if !all_match {
@@ -189,5 +204,15 @@ async fn main() -> anyhow::Result<()> {
             done.month.period
         );
     }
+    Ok(())
+}
+
+/// Upserts `config/tenants.yaml` through billing-api's tenant
+/// administration (validated as a whole first), on a migrated database.
+async fn seed_tenants(database_url: &str, file: &std::path::Path) -> anyhow::Result<()> {
+    let seed = billing_api::tenant_admin::load("config/tenants.yaml", file)?;
+    let pool = schema::connect(database_url, 2, std::time::Duration::from_secs(30)).await?;
+    billing_api::tenant_admin::apply(&pool, &seed).await?;
+    pool.close().await;
     Ok(())
 }

@@ -14,6 +14,8 @@
 //! - [`nisshi`]: the broker's binary, built once into a cache, and a
 //!   [`PrivateBroker`];
 //! - [`redis`]: the shared Redis and a [`PrivateRedis`];
+//! - [`s3`]: an S3-compatible server (s3s-fs, built once into the cache)
+//!   per test, a [`PrivateS3`];
 //! - [`process`]: [`Service`], a child process by handle (start, SIGTERM,
 //!   SIGKILL with its process group, restart), the workspace's binaries;
 //! - [`detached`]: processes that outlive their starter, found by pid file;
@@ -34,6 +36,7 @@ pub mod postgres;
 pub mod private_postgres;
 pub mod process;
 pub mod redis;
+pub mod s3;
 pub mod stack;
 pub mod topic;
 
@@ -43,4 +46,5 @@ pub use nisshi::PrivateBroker;
 pub use private_postgres::PrivatePostgres;
 pub use process::Service;
 pub use redis::PrivateRedis;
+pub use s3::PrivateS3;
 pub use topic::Topic;

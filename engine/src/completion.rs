@@ -45,7 +45,11 @@ pub struct Completion {
     pub gpu_seconds: Decimal,
     /// The part of `gpu_seconds` thrown away by preemptions.
     pub preempted_gpu_seconds: Decimal,
+    /// How often the replica preempted it.
+    pub preemptions: u32,
     pub replica_id: String,
+    /// The owner of the replica it ran on, when that replica is dedicated.
+    pub dedicated_to: Option<String>,
 }
 
 /// What a running generation reports.

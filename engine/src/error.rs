@@ -6,6 +6,28 @@ use axum::http::StatusCode;
 use crate::identity::IdentityError;
 use crate::profile::ProfileError;
 
+/// Why a model had no room for a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoRoom {
+    /// KV occupancy (with what waits) at or past the class's threshold.
+    Full { occupancy_percent: u64 },
+    /// The pool has room, but only inside other tenants' unused reserved
+    /// floors (`fleet::pool`).
+    HeldForFloors { held_percent: u64 },
+}
+
+impl std::fmt::Display for NoRoom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Full { occupancy_percent } => write!(f, "KV cache {occupancy_percent}% full"),
+            Self::HeldForFloors { held_percent } => write!(
+                f,
+                "{held_percent}% of the pool is held for other tenants' reserved floors"
+            ),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EngineError {
     #[error("model {0:?} is not served")]
@@ -18,12 +40,13 @@ pub enum EngineError {
         output: u64,
         limit: u32,
     },
-    /// KV occupancy is at or above the class's admission threshold.
-    #[error("no capacity on {model} for {class} requests: KV cache {occupancy_percent}% full")]
+    /// KV occupancy is at or above the class's admission threshold, or
+    /// what is left is held for other tenants' reserved floors (`why`).
+    #[error("no capacity on {model} for {class} requests: {why}")]
     NoCapacity {
         model: String,
         class: &'static str,
-        occupancy_percent: u64,
+        why: NoRoom,
     },
     #[error("request body is not valid: {0}")]
     BadRequest(String),

@@ -63,4 +63,6 @@ pub use error::EngineError;
 pub use profile::ModelProfile;
 pub use replica::{Outcome, Replica, SeqRequest};
 pub use scheduler::ServiceClass;
-pub use simulator::{Completion, CompletionRequest, Generation, Piece, Simulator};
+pub use simulator::{
+    BusyIdle, Completion, CompletionRequest, Generation, Piece, ReplicaGpuTime, Simulator,
+};

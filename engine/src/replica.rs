@@ -234,7 +234,9 @@ impl Replica {
             return Err(EngineError::NoCapacity {
                 model: self.model.clone(),
                 class: req.class.as_str(),
-                occupancy_percent: (kv.used() + queued) * 100 / kv.total().max(1),
+                why: crate::error::NoRoom::Full {
+                    occupancy_percent: (kv.used() + queued) * 100 / kv.total().max(1),
+                },
             });
         }
         let tenant = self.intern(tenant);

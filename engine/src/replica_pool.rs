@@ -14,6 +14,10 @@
 //! request running on one, nobody else's starts there ([`Stay`] keeps that
 //! count); while it has none there, the replica is lent like any other.
 //!
+//! **Reserved floors** (`fleet::pool`): the tenants' floors, set from the
+//! tenant config, are kept free of other tenants' work until their owners
+//! use them.
+//!
 //! **A dead replica** is marked `dead` and leaves the router's pool; its
 //! task fails what it was running (see [`crate::replica_task`]).
 
@@ -39,6 +43,8 @@ pub(crate) struct ReplicaHandle {
     /// Snapshots published so far (the router re-reads a changed one).
     pub(crate) published: Arc<AtomicU64>,
     pub(crate) dead: AtomicBool,
+    /// The tenant a dedicated replica belongs to.
+    pub(crate) owner: Option<String>,
 }
 
 /// The router's view of one model's pool.
@@ -62,6 +68,12 @@ impl ModelPool {
     pub(crate) fn new(profile: &ModelProfile) -> Self {
         let block_bytes = profile.kv_bytes_per_token * u64::from(BLOCK_TOKENS);
         let capacity = profile.total_blocks() * block_bytes;
+        // The first replicas are the dedicated ones, by tenant name.
+        let mut owners = profile
+            .dedicated
+            .iter()
+            .flat_map(|(tenant, &n)| std::iter::repeat_n(tenant.clone(), n as usize))
+            .fuse();
         let replicas: Vec<ReplicaHandle> = (0..profile.replicas.max(1))
             .map(|i| {
                 let replica_id = format!("{}-r{i}", profile.name);
@@ -76,21 +88,16 @@ impl ModelPool {
                     tx: OnceLock::new(),
                     published: Arc::default(),
                     dead: AtomicBool::new(false),
+                    owner: owners.next(),
                 }
             })
             .collect();
-        // The first replicas are the dedicated ones, by tenant name.
-        let owners = profile
-            .dedicated
-            .iter()
-            .flat_map(|(tenant, &n)| std::iter::repeat_n(tenant, n as usize));
-        let mut owners = owners.fuse();
         let pool = fleet::pool::Pool::new(
             replicas
                 .iter()
                 .map(|h| {
                     let r = fleet::pool::Replica::new(h.replica_id.clone(), capacity);
-                    match owners.next() {
+                    match &h.owner {
                         Some(owner) => r.owned_by(owner.clone()),
                         None => r,
                     }
@@ -121,9 +128,20 @@ impl ModelPool {
             .find(|(_, h)| h.replica_id == id)
     }
 
+    /// The tenants' reserved floors, basis points of this pool's KV.
+    pub(crate) fn set_floors(&self, floors: std::collections::HashMap<String, u32>) {
+        self.router().pool.set_floors(floors);
+    }
+
     /// The replica for a request of `kv` bytes of `class`, counted as sent
-    /// there; `None` when no live replica can admit it by the router's view.
-    pub(crate) fn route(&self, tenant: &str, kv: u64, class: ServiceClass) -> Option<usize> {
+    /// there; refused when no live replica can admit it by the router's
+    /// view, or only other tenants' reserved floors have room.
+    pub(crate) fn route(
+        &self,
+        tenant: &str,
+        kv: u64,
+        class: ServiceClass,
+    ) -> Result<usize, fleet::pool::Refused> {
         let mut r = self.router();
         let Router { pool, seen, rng } = &mut *r;
         for (i, h) in self.replicas.iter().enumerate() {
@@ -148,7 +166,9 @@ impl ModelPool {
         };
         let at = pool.route(&placement, rng)?;
         let id = &pool.replicas()[at].id;
-        self.handle(id).map(|(i, _)| i)
+        self.handle(id)
+            .map(|(i, _)| i)
+            .ok_or(fleet::pool::Refused::Full)
     }
 
     /// Replica `replica_id` died: it leaves the router's pool.
@@ -156,33 +176,35 @@ impl ModelPool {
         self.router().pool.remove(replica_id);
     }
 
-    /// Replica `i` refused a request of `tenant` for its class: full by
-    /// the router's view until it publishes again, and the request no
-    /// longer counts there.
-    pub(crate) fn refused(&self, i: usize, tenant: &str) {
+    /// Replica `i` refused a request of `tenant` (`kv` bytes) for its
+    /// class: full by the router's view until it publishes again, and the
+    /// request no longer counts there.
+    pub(crate) fn refused(&self, i: usize, tenant: &str, kv: u64) {
         let mut r = self.router();
         let id = &self.replicas[i].replica_id;
         if let Some(at) = r.pool.replicas().iter().position(|p| &p.id == id) {
             let full = r.pool.replicas()[at].kv_capacity;
             r.pool.observe(at, full);
-            r.pool.finished(at, tenant);
         }
+        r.pool.finished(id, tenant, kv);
     }
 
-    /// What ends the request's stay on replica `i` in the router's books,
-    /// if the router counts it there (its owner's requests only).
-    pub(crate) fn stay(&self, i: usize, tenant: &str) -> Option<Stay> {
+    /// A request routed to replica `i` did not start there (an error, or
+    /// the replica died first): it no longer counts there.
+    pub(crate) fn forget(&self, i: usize, tenant: &str, kv: u64) {
         let id = &self.replicas[i].replica_id;
-        self.router()
-            .pool
-            .replicas()
-            .iter()
-            .any(|p| &p.id == id && p.owner.as_deref() == Some(tenant))
-            .then(|| Stay {
-                router: self.router.clone(),
-                replica_id: id.clone(),
-                tenant: tenant.to_owned(),
-            })
+        self.router().pool.finished(id, tenant, kv);
+    }
+
+    /// What ends the request's stay on replica `i` in the router's books
+    /// (its tenant's KV in flight; an owner's count on its replica).
+    pub(crate) fn stay(&self, i: usize, tenant: &str, kv: u64) -> Stay {
+        Stay {
+            router: self.router.clone(),
+            replica_id: self.replicas[i].replica_id.clone(),
+            tenant: tenant.to_owned(),
+            kv,
+        }
     }
 
     /// The least KV occupancy among the live replicas, percent (for the
@@ -197,24 +219,19 @@ impl ModelPool {
     }
 }
 
-/// An owner's request on its dedicated replica, as the router counts it
-/// (no other tenant starts there meanwhile); dropped when it ends.
+/// A request on a replica as the router counts it (its tenant's KV in
+/// flight; on a dedicated replica, its owner's running count, so no other
+/// tenant starts there meanwhile); dropped when it ends.
 pub(crate) struct Stay {
     router: Arc<Mutex<Router>>,
     replica_id: String,
     tenant: String,
+    kv: u64,
 }
 
 impl Drop for Stay {
     fn drop(&mut self) {
         let mut r = self.router.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(at) = r
-            .pool
-            .replicas()
-            .iter()
-            .position(|p| p.id == self.replica_id)
-        {
-            r.pool.finished(at, &self.tenant);
-        }
+        r.pool.finished(&self.replica_id, &self.tenant, self.kv);
     }
 }

@@ -30,6 +30,27 @@ pub(crate) enum Command {
     Stop(SeqId),
     /// The replica dies: fail every request on it and stop.
     Fail,
+    /// Its busy and idle GPU time so far, idle time brought up to the wall
+    /// clock first (a replica with nothing to do accrues idle time lazily).
+    Account(oneshot::Sender<BusyIdle>),
+}
+
+/// A replica's GPU time since its task started, in micro-GPU-seconds
+/// (time × the replica's GPUs). `busy` is what it attributed to requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BusyIdle {
+    pub busy_gpu_micros: u64,
+    pub idle_gpu_micros: u64,
+}
+
+impl BusyIdle {
+    fn of(replica: &Replica) -> Self {
+        let s = replica.stats();
+        Self {
+            busy_gpu_micros: s.busy_micros * replica.gpus(),
+            idle_gpu_micros: s.idle_micros * replica.gpus(),
+        }
+    }
 }
 
 /// The replica task: takes commands, runs steps paced to the wall clock,
@@ -59,11 +80,13 @@ pub(crate) async fn drive(
                 replica.advance_idle(now);
             }
             if handle(&mut replica, &mut subscribers, cmd).is_break() {
+                publish(&replica);
                 return;
             }
         }
         while let Ok(cmd) = rx.try_recv() {
             if handle(&mut replica, &mut subscribers, cmd).is_break() {
+                publish(&replica);
                 return;
             }
         }
@@ -74,6 +97,7 @@ pub(crate) async fn drive(
                 return;
             };
             if handle(&mut replica, &mut subscribers, cmd).is_break() {
+                publish(&replica);
                 return;
             }
             continue;
@@ -124,6 +148,9 @@ fn handle(
             replica.fail_all();
             deliver(replica, subscribers);
             return std::ops::ControlFlow::Break(());
+        }
+        Command::Account(reply) => {
+            let _ = reply.send(BusyIdle::of(replica));
         }
     }
     std::ops::ControlFlow::Continue(())

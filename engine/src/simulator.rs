@@ -28,11 +28,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::attribution::to_gpu_seconds;
 pub use crate::completion::{Completion, CompletionRequest, Piece};
-use crate::error::EngineError;
+use crate::error::{EngineError, NoRoom};
 use crate::metrics::ReplicaSnapshot;
 use crate::profile::ModelProfile;
 use crate::replica::{Event, Finish, Outcome, Replica, SeqRequest};
 use crate::replica_pool::{ModelPool, ReplicaHandle, Stay};
+pub use crate::replica_task::BusyIdle;
 use crate::replica_task::{drive, Command};
 use crate::scheduler::SeqId;
 use crate::tokenizer;
@@ -95,6 +96,43 @@ impl Simulator {
             .filter(|h| !h.dead.load(Ordering::Acquire))
             .filter_map(|r| r.snapshot.lock().ok().map(|s| s.clone()))
             .collect()
+    }
+
+    /// Every replica's GPU time since it started, busy and idle, for the
+    /// replica reports that bill idle and dedicated capacity. Starts the
+    /// replicas not started yet (their idle time counts from then on); a
+    /// replica that died gives its last figures, which no longer change.
+    pub async fn gpu_time(&self) -> Vec<ReplicaGpuTime> {
+        let mut out = Vec::new();
+        for pool in &self.pools {
+            for handle in &pool.replicas {
+                let time = if handle.dead.load(Ordering::Acquire) {
+                    handle.snapshot.lock().ok().map(|s| BusyIdle {
+                        busy_gpu_micros: s.stats.busy_micros * s.gpus,
+                        idle_gpu_micros: s.stats.idle_micros * s.gpus,
+                    })
+                } else {
+                    let (reply, answer) = oneshot::channel();
+                    match self.sender(pool, handle) {
+                        Ok(tx) if tx.send(Command::Account(reply)).is_ok() => answer.await.ok(),
+                        _ => None,
+                    }
+                };
+                // A replica that died between the check and the question
+                // answers next time, from its last snapshot.
+                if let Some(time) = time {
+                    out.push(ReplicaGpuTime {
+                        replica_id: handle.replica_id.clone(),
+                        model: pool.profile.name.clone(),
+                        gpus: pool.profile.gpus,
+                        dedicated_to: handle.owner.clone(),
+                        dead: handle.dead.load(Ordering::Acquire),
+                        time,
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// The ids of `model`'s live replicas.
@@ -167,8 +205,8 @@ impl Simulator {
         let profile = &pool.profile;
         let tokens = tokenizer::encode(&req.prompt);
         let prompt_tokens = tokens.len() as u64;
-        let mut rng = StdRng::seed_from_u64(req.seed ^ prompt_tokens.rotate_left(17));
-        let natural: u32 = rng.random_range(16..=600);
+        let mut rng = answer_rng(req.seed, prompt_tokens);
+        let natural: u32 = rng.random_range(NATURAL_OUTPUT);
         let output = natural.min(req.max_tokens.unwrap_or(u32::MAX));
         let room = u64::from(profile.max_context).saturating_sub(prompt_tokens);
         if u64::from(output) > room {
@@ -192,9 +230,15 @@ impl Simulator {
         let kv = profile.kv_bytes(prompt_tokens + u64::from(output));
         // Each refusal marks that replica full, so this ends within the
         // pool's size.
+        let mut held_for_floors = None;
         for _ in 0..pool.replicas.len() {
-            let Some(i) = pool.route(&req.tenant_id, kv, req.class) else {
-                break;
+            let i = match pool.route(&req.tenant_id, kv, req.class) {
+                Ok(i) => i,
+                Err(fleet::pool::Refused::Full) => break,
+                Err(fleet::pool::Refused::HeldForFloors { held_percent }) => {
+                    held_for_floors = Some(held_percent);
+                    break;
+                }
             };
             let handle = &pool.replicas[i];
             let tx = self.sender(pool, handle)?;
@@ -218,27 +262,49 @@ impl Simulator {
                         let _ = tx.send(Command::Fail);
                     }
                     return Ok(Generation {
-                        _stay: pool.stay(i, &req.tenant_id),
+                        _stay: pool.stay(i, &req.tenant_id, kv),
                         model_version: profile.version.clone(),
                         replica_id: handle.replica_id.clone(),
+                        dedicated_to: handle.owner.clone(),
                         words,
                         rx,
                         cancel: Some((tx, id)),
                         model: req.model.clone(),
                     });
                 }
-                Some(Err(EngineError::NoCapacity { .. })) => pool.refused(i, &req.tenant_id),
-                Some(Err(e)) => return Err(e),
+                Some(Err(EngineError::NoCapacity { .. })) => pool.refused(i, &req.tenant_id, kv),
+                Some(Err(e)) => {
+                    pool.forget(i, &req.tenant_id, kv);
+                    return Err(e);
+                }
                 // The replica died before it took the request: nothing ran.
-                None if handle.dead.load(Ordering::Acquire) => {}
-                None => return Err(EngineError::Stopped(req.model.clone())),
+                None if handle.dead.load(Ordering::Acquire) => {
+                    pool.forget(i, &req.tenant_id, kv);
+                }
+                None => {
+                    pool.forget(i, &req.tenant_id, kv);
+                    return Err(EngineError::Stopped(req.model.clone()));
+                }
             }
         }
         Err(EngineError::NoCapacity {
             model: req.model.clone(),
             class: req.class.as_str(),
-            occupancy_percent: pool.least_occupancy_percent(),
+            why: match held_for_floors {
+                Some(held_percent) => NoRoom::HeldForFloors { held_percent },
+                None => NoRoom::Full {
+                    occupancy_percent: pool.least_occupancy_percent(),
+                },
+            },
         })
+    }
+
+    /// The tenants' reserved floors (basis points of each model pool's
+    /// KV; a tenant not listed has none), from the tenant config.
+    pub fn set_floors(&self, floors: &std::collections::HashMap<String, u32>) {
+        for pool in &self.pools {
+            pool.set_floors(floors.clone());
+        }
     }
 
     /// Answers a request once it has finished.
@@ -247,11 +313,41 @@ impl Simulator {
     }
 }
 
+/// How long a simulated answer is before any `max_tokens` cap.
+const NATURAL_OUTPUT: std::ops::RangeInclusive<u32> = 16..=600;
+
+/// The generator of one answer: the same seed and prompt length, the
+/// same answer.
+fn answer_rng(seed: u64, prompt_tokens: u64) -> StdRng {
+    StdRng::seed_from_u64(seed ^ prompt_tokens.rotate_left(17))
+}
+
+/// The tokens the simulator generates for a prompt of `prompt_tokens`
+/// with `seed` when `max_tokens` does not cut it short (16 to 600), so a
+/// client (a test, a drill) can ask for an answer of a known length.
+pub fn natural_output_tokens(seed: u64, prompt_tokens: u64) -> u32 {
+    answer_rng(seed, prompt_tokens).random_range(NATURAL_OUTPUT)
+}
+
+/// One replica's GPU time so far ([`Simulator::gpu_time`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaGpuTime {
+    pub replica_id: String,
+    pub model: String,
+    pub gpus: u32,
+    /// The owner of a dedicated replica.
+    pub dedicated_to: Option<String>,
+    /// It died: these are its final figures.
+    pub dead: bool,
+    pub time: BusyIdle,
+}
+
 /// A request running on a replica. Dropping it unfinished cancels it.
 pub struct Generation {
-    _stay: Option<Stay>,
+    _stay: Stay,
     model_version: String,
     replica_id: String,
+    dedicated_to: Option<String>,
     model: String,
     words: Vec<&'static str>,
     rx: mpsc::UnboundedReceiver<Event>,
@@ -262,6 +358,11 @@ impl Generation {
     /// The replica running it.
     pub fn replica_id(&self) -> &str {
         &self.replica_id
+    }
+
+    /// The tenant the replica running it is dedicated to, if any.
+    pub fn dedicated_to(&self) -> Option<&str> {
+        self.dedicated_to.as_deref()
     }
 
     /// The next token (streaming generations only) or the final completion.
@@ -320,7 +421,9 @@ impl Generation {
             total: Duration::from_micros(o.finished_at.saturating_sub(o.arrived_at)),
             gpu_seconds: to_gpu_seconds(o.gpu_micros),
             preempted_gpu_seconds: to_gpu_seconds(o.preempted_micros),
+            preemptions: o.preemptions,
             replica_id: self.replica_id.clone(),
+            dedicated_to: self.dedicated_to.clone(),
         }
     }
 }

@@ -221,7 +221,9 @@ fn no_capacity_is_503_with_retry_after() {
     let res = EngineError::NoCapacity {
         model: "m".into(),
         class: "best-effort",
-        occupancy_percent: 61,
+        why: engine::error::NoRoom::Full {
+            occupancy_percent: 61,
+        },
     }
     .into_response();
     assert_eq!(res.status(), 503);

@@ -16,6 +16,20 @@
 //! the preemption itself is not built yet). A replica that dies leaves the
 //! pool: [`Pool::remove`] returns it, and the caller fails its requests in
 //! flight with an error (never a silent regeneration).
+//!
+//! **Reserved floors.** A tenant may be promised a floor: a share of the
+//! pool's KV (`reservedFloor` in the tenant config, basis points here).
+//! The router counts every tenant's KV in flight (what it routed and has
+//! not seen end). A request within its tenant's floor is placed by the
+//! replica rule alone (for a reserved-class tenant: below 92% on some
+//! replica, else refused — the truth, never an overfull replica). Any other
+//! request must leave the *unused* part of every other tenant's floor free:
+//! it is placed only while the pool's KV in use, plus the request, plus
+//! what other floors still hold, stays below its class threshold of the
+//! whole pool. So a floor is honoured before others are admitted, and
+//! nobody is refused for a floor its owner is using.
+
+use std::collections::HashMap;
 
 use rand::Rng;
 
@@ -84,15 +98,131 @@ pub struct Placement<'a> {
     pub owner_waiting: bool,
 }
 
+/// Why a request was not placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// No eligible replica is below the request's class threshold.
+    Full,
+    /// The pool has room, but only inside other tenants' unused reserved
+    /// floors: `held_percent` of its KV is held for them.
+    HeldForFloors { held_percent: u64 },
+}
+
+/// Basis points of a whole (10,000 = all of the pool).
+pub const WHOLE_BP: u32 = 10_000;
+
+/// A share of the pool written as a decimal (`"0.30"`, `"1"`), in basis
+/// points: above 0, at most 1, four decimal places at most. Exact (no
+/// floating point); the error says what is wrong with `text`.
+pub fn share_bp(text: &str) -> Result<u32, String> {
+    let bad = |why: &str| format!("{text:?} {why} (a share of the pool like \"0.30\")");
+    let t = text.trim();
+    let (whole, frac) = t.split_once('.').unwrap_or((t, ""));
+    let digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
+    if !digits(whole) || !(frac.is_empty() || digits(frac)) {
+        return Err(bad("is not a decimal"));
+    }
+    if frac.len() > 4 {
+        return Err(bad("has more than four decimal places"));
+    }
+    let whole: u32 = whole.parse().map_err(|_| bad("is out of range"))?;
+    let frac: u32 = format!("{frac:0<4}")
+        .parse()
+        .map_err(|_| bad("is not a decimal"))?;
+    let bp = whole
+        .checked_mul(WHOLE_BP)
+        .and_then(|w| w.checked_add(frac))
+        .ok_or_else(|| bad("is out of range"))?;
+    if bp == 0 || bp > WHOLE_BP {
+        return Err(bad("must be above 0 and at most 1"));
+    }
+    Ok(bp)
+}
+
 /// The replicas of one model.
 #[derive(Debug, Clone, Default)]
 pub struct Pool {
     replicas: Vec<Replica>,
+    /// Reserved floors, basis points of the pool's KV, by tenant.
+    floors: HashMap<String, u32>,
+    /// KV bytes each tenant has in flight by this router's count.
+    in_flight: HashMap<String, u64>,
 }
 
 impl Pool {
     pub fn new(replicas: Vec<Replica>) -> Self {
-        Self { replicas }
+        Self {
+            replicas,
+            ..Self::default()
+        }
+    }
+
+    /// The tenants' reserved floors (basis points of the pool's KV; a
+    /// tenant not listed has none). Replaces the previous set.
+    pub fn set_floors(&mut self, floors: HashMap<String, u32>) {
+        self.floors = floors;
+        self.floors.retain(|_, bp| *bp > 0);
+    }
+
+    /// KV bytes `tenant` has in flight by this router's count.
+    pub fn in_flight(&self, tenant: &str) -> u64 {
+        self.in_flight.get(tenant).copied().unwrap_or(0)
+    }
+
+    /// The pool's KV capacity, bytes.
+    fn capacity(&self) -> u128 {
+        self.replicas
+            .iter()
+            .map(|r| u128::from(r.kv_capacity))
+            .sum()
+    }
+
+    fn floor_bytes(&self, bp: u32) -> u128 {
+        self.capacity() * u128::from(bp) / u128::from(WHOLE_BP)
+    }
+
+    /// KV bytes held for tenants other than `tenant`: the part of each
+    /// one's floor it is not using.
+    fn held_for_others(&self, tenant: &str) -> u128 {
+        self.floors
+            .iter()
+            .filter(|(t, _)| t.as_str() != tenant)
+            .map(|(t, &bp)| {
+                self.floor_bytes(bp)
+                    .saturating_sub(u128::from(self.in_flight(t)))
+            })
+            .sum()
+    }
+
+    /// Whether the floors let `p` in: within its own floor, or leaving
+    /// every other floor's unused part free.
+    fn floors_admit(&self, p: &Placement<'_>) -> Result<(), Refused> {
+        if self.floors.is_empty() {
+            return Ok(());
+        }
+        let mine = u128::from(self.in_flight(p.tenant)) + u128::from(p.kv);
+        let own = self.floors.get(p.tenant).copied().unwrap_or(0);
+        if own > 0 && mine <= self.floor_bytes(own) {
+            return Ok(());
+        }
+        let held = self.held_for_others(p.tenant);
+        if held == 0 {
+            return Ok(());
+        }
+        let used: u128 = self
+            .replicas
+            .iter()
+            .map(|r| u128::from(r.observed) + u128::from(r.routed_since))
+            .sum();
+        let capacity = self.capacity();
+        if (used + u128::from(p.kv) + held) * 100 <= capacity * u128::from(p.threshold_percent) {
+            Ok(())
+        } else {
+            let held_percent = (held * 100).checked_div(capacity).unwrap_or(0);
+            Err(Refused::HeldForFloors {
+                held_percent: u64::try_from(held_percent).unwrap_or(100),
+            })
+        }
     }
 
     pub fn replicas(&self) -> &[Replica] {
@@ -106,10 +236,12 @@ impl Pool {
         (own || lendable) && r.admits(p.threshold_percent)
     }
 
-    /// The replica for `p` (its index), counted as routed there; `None`
-    /// when no replica can admit it for its class (the caller queues it or
-    /// answers 503).
-    pub fn route(&mut self, p: &Placement<'_>, rng: &mut impl Rng) -> Option<usize> {
+    /// The replica for `p` (its index), counted as routed there and in its
+    /// tenant's KV in flight; refused when no replica can admit it for its
+    /// class or only other tenants' floors have room (the caller queues it
+    /// or answers 503).
+    pub fn route(&mut self, p: &Placement<'_>, rng: &mut impl Rng) -> Result<usize, Refused> {
+        self.floors_admit(p)?;
         // The owner's own replicas first: a dedicated tenant uses what it
         // pays for before the shared ones.
         let owned: Vec<usize> = (0..self.replicas.len())
@@ -124,7 +256,7 @@ impl Pool {
             owned
         };
         let pick = match candidates.len() {
-            0 => return None,
+            0 => return Err(Refused::Full),
             1 => candidates[0],
             n => {
                 let a = candidates[rng.random_range(0..n)];
@@ -144,7 +276,13 @@ impl Pool {
         if r.owner.as_deref() == Some(p.tenant) {
             r.owner_running += 1;
         }
-        Some(pick)
+        match self.in_flight.get_mut(p.tenant) {
+            Some(n) => *n = n.saturating_add(p.kv),
+            None => {
+                self.in_flight.insert(p.tenant.to_owned(), p.kv);
+            }
+        }
+        Ok(pick)
     }
 
     /// A fresh report of replica `i`'s KV in use: it now includes what was
@@ -156,11 +294,18 @@ impl Pool {
         }
     }
 
-    /// A request of `tenant` ended on replica `i`.
-    pub fn finished(&mut self, i: usize, tenant: &str) {
-        if let Some(r) = self.replicas.get_mut(i) {
+    /// A request of `tenant` holding `kv` bytes ended on replica `id` (or
+    /// was refused there, or the replica died and left the pool).
+    pub fn finished(&mut self, id: &str, tenant: &str, kv: u64) {
+        if let Some(r) = self.replicas.iter_mut().find(|r| r.id == id) {
             if r.owner.as_deref() == Some(tenant) {
                 r.owner_running = r.owner_running.saturating_sub(1);
+            }
+        }
+        if let Some(n) = self.in_flight.get_mut(tenant) {
+            *n = n.saturating_sub(kv);
+            if *n == 0 {
+                self.in_flight.remove(tenant);
             }
         }
     }
@@ -216,7 +361,7 @@ mod tests {
         // One replica reported full since: nothing more goes there.
         pool.observe(0, 172 * GIB);
         for _ in 0..100 {
-            assert_ne!(pool.route(&placement("t", 100 << 20), &mut rng), Some(0));
+            assert_ne!(pool.route(&placement("t", 100 << 20), &mut rng), Ok(0));
         }
     }
 
@@ -237,7 +382,7 @@ mod tests {
                 .unwrap();
             assert_eq!(pool.replicas()[j].id, "shared");
         }
-        pool.finished(i, "acme");
+        pool.finished("acme-1", "acme", GIB);
         // The shared replica fills up; the owner is idle: its replica is
         // lent. With the owner waiting, it is not.
         pool.observe(0, 90 * GIB);
@@ -269,25 +414,111 @@ mod tests {
             threshold_percent: 60,
             ..placement("t", 1)
         };
-        assert_eq!(pool.route(&best_effort, &mut rng), None, "both above 60%");
+        assert_eq!(
+            pool.route(&best_effort, &mut rng),
+            Err(Refused::Full),
+            "both above 60%"
+        );
         let reserved = Placement {
             threshold_percent: 92,
             ..placement("t", 2)
         };
-        assert!(pool.route(&reserved, &mut rng).is_some());
+        assert!(pool.route(&reserved, &mut rng).is_ok());
         assert_eq!(pool.remove("a").unwrap().id, "a");
         assert_eq!(pool.replicas().len(), 1);
         // Only b is left: below 92% it admits a reserved request, however
         // large (the replica's own rule), and counts it at once; at 92% the
         // request is told the truth (None: 503).
         pool.observe(0, 91);
-        assert_eq!(pool.route(&placement("t", 5), &mut rng), Some(0));
+        assert_eq!(pool.route(&placement("t", 5), &mut rng), Ok(0));
         assert_eq!(
             pool.route(&placement("t", 1), &mut rng),
-            None,
+            Err(Refused::Full),
             "91 + 5 routed"
         );
         pool.observe(0, 92);
-        assert_eq!(pool.route(&placement("t", 1), &mut rng), None);
+        assert_eq!(pool.route(&placement("t", 1), &mut rng), Err(Refused::Full));
+    }
+
+    #[test]
+    fn shares_of_the_pool_are_exact_basis_points() {
+        assert_eq!(share_bp("0.30"), Ok(3_000));
+        assert_eq!(share_bp("1"), Ok(10_000));
+        assert_eq!(share_bp("0.0001"), Ok(1));
+        assert_eq!(share_bp(" .5 ").ok(), None, "a whole part is required");
+        for bad in ["0", "1.5", "-0.1", "0.00001", "thirty", "", "1e-1"] {
+            assert!(share_bp(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn floors(pairs: &[(&str, u32)]) -> HashMap<String, u32> {
+        pairs.iter().map(|(t, bp)| ((*t).to_owned(), *bp)).collect()
+    }
+
+    #[test]
+    fn an_unused_floor_is_kept_free_and_its_owner_gets_in_first() {
+        // Two replicas of 100 GiB; acme is promised 30% of the pool (60 GiB).
+        let mut pool = Pool::new(vec![
+            Replica::new("a", 100 * GIB),
+            Replica::new("b", 100 * GIB),
+        ]);
+        pool.set_floors(floors(&[("acme", 3_000)]));
+        let mut rng = StdRng::seed_from_u64(5);
+        let standard = |tenant, kv| Placement {
+            threshold_percent: 85,
+            ..placement(tenant, kv)
+        };
+        // codegen fills what is not held: 85% of 200 GiB is 170 GiB, less
+        // acme's unused 60 GiB leaves 110 GiB.
+        let mut codegen = 0u64;
+        while pool.route(&standard("codegen", GIB), &mut rng).is_ok() {
+            codegen += 1;
+            assert!(codegen <= 200, "never refused");
+        }
+        assert_eq!(codegen, 110);
+        assert_eq!(
+            pool.route(&standard("codegen", GIB), &mut rng),
+            Err(Refused::HeldForFloors { held_percent: 30 })
+        );
+        // acme, within its floor, is placed although codegen is refused.
+        for _ in 0..30 {
+            pool.route(&placement("acme", 2 * GIB), &mut rng).unwrap();
+        }
+        assert_eq!(pool.in_flight("acme"), 60 * GIB);
+        // Its floor is used up: above it, acme competes like anyone (the
+        // pool is at 170 of 200 GiB, below 92% for a reserved request).
+        assert!(pool.route(&placement("acme", GIB), &mut rng).is_ok());
+        // One codegen request ends: there is room again for codegen only
+        // because acme now uses its whole floor (nothing more is held).
+        let i = (0..2)
+            .find(|&i| pool.replicas()[i].routed_since > 0)
+            .unwrap();
+        let id = pool.replicas()[i].id.clone();
+        pool.finished(&id, "codegen", GIB);
+        pool.replicas[i].routed_since -= GIB;
+        assert!(pool.route(&standard("codegen", GIB), &mut rng).is_ok());
+    }
+
+    #[test]
+    fn a_floor_never_admits_into_a_replica_past_92_percent() {
+        let mut pool = Pool::new(vec![Replica::new("a", 100), Replica::new("b", 100)]);
+        pool.set_floors(floors(&[("acme", 5_000)]));
+        let mut rng = StdRng::seed_from_u64(9);
+        // a is past 92%: acme's requests, within its floor, go to b.
+        pool.observe(0, 93);
+        for _ in 0..10 {
+            assert_eq!(pool.route(&placement("acme", 1), &mut rng), Ok(1));
+        }
+        // b too: the whole pool is there, acme is told so (refused, 503).
+        pool.observe(1, 92);
+        assert_eq!(
+            pool.route(&placement("acme", 1), &mut rng),
+            Err(Refused::Full)
+        );
+        // Floors change with the tenant config; none left, nothing held.
+        pool.set_floors(HashMap::new());
+        pool.observe(0, 10);
+        pool.observe(1, 10);
+        assert!(pool.route(&placement("codegen", 50), &mut rng).is_ok());
     }
 }

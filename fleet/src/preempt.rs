@@ -12,7 +12,12 @@
 //! - chains stop at depth [`MAX_DEPTH`]: a fresh request has depth 0, a
 //!   request re-queued by a preemption the preemptor's depth + 1, and only
 //!   a request below the maximum depth may preempt;
-//! - of the candidates, the lowest priority, then the least GPU time lost.
+//! - of the candidates, the lowest priority, then the least GPU time lost;
+//! - except that work *lent* on the preemptor's own dedicated replicas (a
+//!   request of another tenant running on a replica the preemptor owns) is
+//!   preempted first, whatever its priority: the owner gets its capacity
+//!   back before anyone else's work is thrown away. The other rules (not
+//!   streamed, the cooldown, the depth) still hold.
 
 use std::time::{Duration, Instant};
 
@@ -33,16 +38,19 @@ pub struct Running {
     pub gpu_micros: u64,
 }
 
-/// A replica: when it last preempted, and what runs on it.
+/// A replica: when it last preempted, what runs on it, and the tenant it
+/// is dedicated to, if any.
 #[derive(Debug, Clone, Default)]
 pub struct Replica {
     pub last_preempted: Option<Instant>,
     pub running: Vec<Running>,
+    pub owner: Option<String>,
 }
 
 /// The request that cannot start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Preemptor {
+pub struct Preemptor<'a> {
+    pub tenant: &'a str,
     pub priority: i16,
     /// 0 for a fresh request; a re-queued one carries its chain depth.
     pub depth: u8,
@@ -58,25 +66,34 @@ pub struct Plan {
 }
 
 /// The victim for `p` among `replicas` at `now`, if the rules allow one.
-pub fn choose(replicas: &[Replica], p: Preemptor, now: Instant) -> Option<Plan> {
+pub fn choose(replicas: &[Replica], p: Preemptor<'_>, now: Instant) -> Option<Plan> {
     if p.depth >= MAX_DEPTH {
         return None;
     }
-    replicas
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| {
-            r.last_preempted
-                .is_none_or(|at| now.saturating_duration_since(at) >= COOLDOWN)
-        })
-        .flat_map(|(i, r)| r.running.iter().map(move |v| (i, v)))
-        .filter(|(_, v)| v.priority < p.priority && !v.streamed)
-        .min_by_key(|(i, v)| (v.priority, v.gpu_micros, *i, v.id))
-        .map(|(i, v)| Plan {
-            replica: i,
-            victim: v.id,
-            victim_depth: p.depth + 1,
-        })
+    let candidates = || {
+        replicas
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                r.last_preempted
+                    .is_none_or(|at| now.saturating_duration_since(at) >= COOLDOWN)
+            })
+            .flat_map(|(i, r)| r.running.iter().map(move |v| (i, r, v)))
+            .filter(|(_, _, v)| !v.streamed)
+    };
+    let lent = candidates()
+        .filter(|(_, r, v)| r.owner.as_deref() == Some(p.tenant) && v.tenant != p.tenant)
+        .min_by_key(|(i, _, v)| (v.priority, v.gpu_micros, *i, v.id));
+    lent.or_else(|| {
+        candidates()
+            .filter(|(_, _, v)| v.priority < p.priority)
+            .min_by_key(|(i, _, v)| (v.priority, v.gpu_micros, *i, v.id))
+    })
+    .map(|(i, _, v)| Plan {
+        replica: i,
+        victim: v.id,
+        victim_depth: p.depth + 1,
+    })
 }
 
 #[cfg(test)]
@@ -103,6 +120,7 @@ mod tests {
             Replica {
                 last_preempted: Some(now - Duration::from_secs(1)),
                 running: vec![running(1, 1, false, 10)],
+                owner: None,
             },
             Replica {
                 last_preempted: None,
@@ -111,9 +129,11 @@ mod tests {
                     running(3, 2, false, 500),
                     running(4, 2, false, 50),
                 ],
+                owner: None,
             },
         ];
         let fresh = Preemptor {
+            tenant: "prod",
             priority: 5,
             depth: 0,
         };
@@ -134,6 +154,7 @@ mod tests {
             choose(
                 &replicas,
                 Preemptor {
+                    tenant: "prod",
                     priority: 5,
                     depth: 2
                 },
@@ -145,6 +166,7 @@ mod tests {
             choose(
                 &replicas,
                 Preemptor {
+                    tenant: "prod",
                     priority: 1,
                     depth: 0
                 },
@@ -156,6 +178,7 @@ mod tests {
             choose(
                 &replicas,
                 Preemptor {
+                    tenant: "prod",
                     priority: 3,
                     depth: 1
                 },
@@ -165,6 +188,54 @@ mod tests {
             .victim_depth,
             2
         );
+    }
+
+    #[test]
+    fn lent_work_on_the_owners_replica_goes_first_whatever_its_priority() {
+        let now = Instant::now();
+        let replicas = vec![
+            Replica {
+                last_preempted: None,
+                running: vec![running(1, 1, false, 10)],
+                owner: None,
+            },
+            Replica {
+                last_preempted: None,
+                // Lent to a P4 and a P3 while acme was idle; acme's own P5.
+                running: vec![
+                    running(2, 4, false, 10),
+                    running(3, 3, false, 900),
+                    Running {
+                        tenant: "acme".into(),
+                        ..running(4, 5, false, 1)
+                    },
+                ],
+                owner: Some("acme".into()),
+            },
+        ];
+        let acme = Preemptor {
+            tenant: "acme",
+            priority: 5,
+            depth: 0,
+        };
+        // The P3 lent on acme's replica, before the P1 on the shared one.
+        assert_eq!(choose(&replicas, acme, now).unwrap().victim, 3);
+        // Anyone else preempts by priority: the P1.
+        let other = Preemptor {
+            tenant: "prod",
+            ..acme
+        };
+        assert_eq!(choose(&replicas, other, now).unwrap().victim, 1);
+        // A lower-priority owner still takes its replica back from a P4.
+        let low_owner = Preemptor {
+            priority: 2,
+            ..acme
+        };
+        assert_eq!(choose(&replicas, low_owner, now).unwrap().victim, 3);
+        // The owner's replica in its cooldown: back to the priority rule.
+        let mut cooling = replicas.clone();
+        cooling[1].last_preempted = Some(now);
+        assert_eq!(choose(&cooling, acme, now).unwrap().victim, 1);
     }
 
     proptest! {
@@ -184,6 +255,7 @@ mod tests {
             let replicas: Vec<Replica> = shape
                 .iter()
                 .map(|(ago, rs)| Replica {
+                    owner: None,
                     last_preempted: ago.map(|s| now - Duration::from_secs(s)),
                     running: rs
                         .iter()
@@ -194,7 +266,7 @@ mod tests {
                         .collect(),
                 })
                 .collect();
-            let p = Preemptor { priority, depth };
+            let p = Preemptor { tenant: "prod", priority, depth };
             let qualifies = |r: &Replica, v: &Running| {
                 r.last_preempted.is_none_or(|at| now - at >= COOLDOWN)
                     && v.priority < priority

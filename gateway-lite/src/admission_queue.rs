@@ -51,6 +51,8 @@ pub struct Queues {
     /// One line for everyone: no priority levels, no weights (the
     /// noisy-neighbour drill's baseline, never a gateway setting).
     fifo: bool,
+    /// The runs priority preemption may choose from.
+    preemptions: crate::preemption::Preemptions,
 }
 
 impl std::fmt::Debug for Queues {
@@ -109,6 +111,7 @@ impl Queues {
         let queues = Self {
             models: Arc::new(models),
             fifo,
+            preemptions: crate::preemption::Preemptions::default(),
         };
         let ticking = queues.clone();
         if tokio::runtime::Handle::try_current().is_ok() {
@@ -123,6 +126,12 @@ impl Queues {
             });
         }
         queues
+    }
+
+    /// The preemption registry, when requests of `model` can be preempted
+    /// (it queues, and the queue has priorities: not the FIFO baseline).
+    pub fn preemptions(&self, model: &str) -> Option<&crate::preemption::Preemptions> {
+        (!self.fifo && self.serves(model)).then_some(&self.preemptions)
     }
 
     /// Whether `model` queues.

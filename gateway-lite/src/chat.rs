@@ -274,7 +274,13 @@ async fn handle(
         },
     };
     let arrived = Instant::now();
-    let deadline = arrived + admission_queue::budget(caller);
+    let budget = admission_queue::budget(caller);
+    let deadline = arrived + budget;
+    // A priority-5 request still waiting at half its budget would miss its
+    // TTFT objective: it preempts a lower request in flight, once.
+    let preempts = caller.priority >= crate::preemption::PREEMPTOR_PRIORITY;
+    let mut preempt_at = preempts.then(|| arrived + budget / 2);
+    let cost = gpu_micros(state, &req.model, prompt_tokens, output_estimate.min(room));
     let generation = loop {
         let refused = match state.engine.start(&engine_request, req.streams()).await {
             Ok(generation) => break generation,
@@ -288,9 +294,33 @@ async fn handle(
         let waited = match queue {
             None => Err(None),
             Some(q) => {
-                let cost = gpu_micros(state, &req.model, prompt_tokens, output_estimate.min(room));
-                let left = deadline.saturating_duration_since(Instant::now());
-                q.wait(&req.model, caller, cost, left).await.map_err(Some)
+                let now = Instant::now();
+                let left = deadline.saturating_duration_since(now);
+                match (preempt_at, q.preemptions(&req.model)) {
+                    (Some(at), Some(registry)) if at > now => {
+                        // Wait until the preemption point first.
+                        match q.wait(&req.model, caller, cost, at - now).await {
+                            Ok(()) => Ok(()),
+                            Err(admission_queue::NotRun::Timeout(_)) => {
+                                preempt_at = None;
+                                registry.preempt_for(
+                                    &req.model,
+                                    &caller.tenant_id,
+                                    caller.priority,
+                                    0,
+                                );
+                                Ok(())
+                            }
+                            Err(full) => Err(Some(full)),
+                        }
+                    }
+                    (Some(_), Some(registry)) => {
+                        preempt_at = None;
+                        registry.preempt_for(&req.model, &caller.tenant_id, caller.priority, 0);
+                        q.wait(&req.model, caller, cost, left).await.map_err(Some)
+                    }
+                    _ => q.wait(&req.model, caller, cost, left).await.map_err(Some),
+                }
             }
         };
         let why = match waited {
@@ -323,6 +353,17 @@ async fn handle(
     let queued = arrived.elapsed();
     let include_usage = req.include_usage();
     let streams = req.streams();
+    // Only a request that sends nothing before it ends can be preempted.
+    let requeue = (!streams
+        && state
+            .queues
+            .as_ref()
+            .and_then(|q| q.preemptions(&req.model))
+            .is_some())
+    .then(|| crate::metering::Requeue {
+        request: engine_request.clone(),
+        cost_gpu_micros: cost,
+    });
     let run = Run {
         state: state.clone(),
         caller: caller.clone(),
@@ -334,6 +375,8 @@ async fn handle(
         prompt_tokens,
         permit,
         idempotency,
+        requeue,
+        lost: crate::metering::Lost::default(),
     };
     if streams {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);

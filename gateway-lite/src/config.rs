@@ -31,8 +31,11 @@ pub struct GatewayConfig {
     /// This gateway's id, stamped on every usage event.
     #[arg(long, env = "GATEWAY_ID", default_value = "gw-1")]
     pub gateway_id: String,
-    /// Tenants, keys and limits to upsert at start-up (YAML).
-    #[arg(long, env = "GATEWAY_TENANTS_FILE")]
+    /// No longer read: tenants, keys and limits are administered by
+    /// billing-api (`BILLING_TENANTS_FILE`, `billing-api tenants apply`).
+    /// Kept so that a deployment still setting it is refused, naming it,
+    /// rather than silently starting without its tenants.
+    #[arg(long, env = "GATEWAY_TENANTS_FILE", hide = true)]
     pub tenants_file: Option<PathBuf>,
     /// Models served by OpenAI-compatible servers such as vLLM (YAML; see
     /// `engine::upstream`). Models not listed run on the built-in simulator.
@@ -119,6 +122,17 @@ pub struct GatewayConfig {
     /// Requests each priority level of a model's queue holds (1 to 100000).
     #[arg(long, env = "GATEWAY_QUEUE_DEPTH", default_value_t = 1_000)]
     pub queue_depth: usize,
+    /// How often each simulated replica's busy and idle GPU time is
+    /// reported for billing (1 to 3600 s; also at every UTC hour boundary
+    /// and at shutdown). A gateway killed outright loses at most this much
+    /// of its replicas' idle time.
+    #[arg(long, env = "GATEWAY_REPLICA_REPORT_SECS", default_value_t = 60)]
+    pub replica_report_secs: u64,
+    /// The most of each simulated model pool the tenants' reserved floors
+    /// may hold together, as a share (`"0.50"`). Floors that add up to more
+    /// are scaled down to it (logged and on `/metrics`).
+    #[arg(long, env = "GATEWAY_FLOOR_LIMIT", default_value = "0.50")]
+    pub floor_limit: String,
     /// Slow-client bounds and the shutdown grace of the listener.
     #[command(flatten)]
     pub http: serving::HttpSettings,
@@ -175,8 +189,23 @@ impl GatewayConfig {
         Ok(profiles)
     }
 
+    /// `GATEWAY_FLOOR_LIMIT` in basis points.
+    pub fn floor_limit_bp(&self) -> Result<u32, GatewayError> {
+        fleet::pool::share_bp(&self.floor_limit)
+            .map_err(|e| GatewayError::Config(format!("GATEWAY_FLOOR_LIMIT {e}")))
+    }
+
     pub fn validate(&self) -> Result<(), GatewayError> {
         self.profiles()?;
+        if let Some(path) = &self.tenants_file {
+            return Err(GatewayError::Config(format!(
+                "GATEWAY_TENANTS_FILE ({}) is no longer read: tenants, keys and limits are \
+                 administered by billing-api; seed them with BILLING_TENANTS_FILE or \
+                 `billing-api tenants apply {}`",
+                path.display(),
+                path.display()
+            )));
+        }
         if self.gateway_id.trim().is_empty() || self.gateway_id.len() > 200 {
             return Err(GatewayError::Config(
                 "GATEWAY_ID must be 1 to 200 characters".into(),
@@ -225,6 +254,13 @@ impl GatewayConfig {
                 self.queue_depth
             )));
         }
+        if !(1..=3_600).contains(&self.replica_report_secs) {
+            return Err(GatewayError::Config(format!(
+                "GATEWAY_REPLICA_REPORT_SECS must be between 1 and 3600, got {}",
+                self.replica_report_secs
+            )));
+        }
+        self.floor_limit_bp()?;
         if !(60..=86_400).contains(&self.idempotency_shared_ttl_secs) {
             return Err(GatewayError::Config(format!(
                 "GATEWAY_IDEMPOTENCY_SHARED_TTL_SECS must be between 60 and 86400, got {}",

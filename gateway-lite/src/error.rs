@@ -60,6 +60,12 @@ pub enum GatewayError {
         "the model is at capacity for this request's class; retry after the Retry-After interval"
     )]
     NoCapacity(String),
+    /// The pool has room only inside other tenants' unused reserved floors
+    /// (still `no_capacity` to a client, with its own message).
+    #[error(
+        "the model's free capacity for this request's class is held for reserved tenants' floors; retry after the Retry-After interval"
+    )]
+    HeldForFloors(String),
     /// Over a per-key or per-tenant limit (429, never mixed up with 503).
     #[error("{}", .0.message)]
     RateLimited(crate::limits::Rejected),
@@ -95,9 +101,11 @@ impl GatewayError {
             Self::UnknownModel(_) | Self::UnknownPath(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Outbox(_) | Self::NoCapacity(_) | Self::Draining | Self::RetryBudget => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::Outbox(_)
+            | Self::NoCapacity(_)
+            | Self::HeldForFloors(_)
+            | Self::Draining
+            | Self::RetryBudget => StatusCode::SERVICE_UNAVAILABLE,
             Self::RateLimited(_) | Self::QueueFull { .. } | Self::QueueTimeout(_) => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -126,7 +134,7 @@ impl GatewayError {
             Self::MethodNotAllowed(_) => ("invalid_request_error", Some("method_not_allowed")),
             Self::UnknownModel(_) => ("invalid_request_error", Some("model_not_found")),
             Self::Outbox(_) => ("server_error", Some("usage_not_recorded")),
-            Self::NoCapacity(_) => ("server_error", Some("no_capacity")),
+            Self::NoCapacity(_) | Self::HeldForFloors(_) => ("server_error", Some("no_capacity")),
             Self::Draining => ("server_error", Some("draining")),
             Self::RetryBudget => ("server_error", Some("retry_budget_exhausted")),
             Self::QueueFull { .. } => ("queue", Some("queue_full")),
@@ -153,7 +161,11 @@ impl GatewayError {
         self.status_code().is_server_error()
             && !matches!(
                 self,
-                Self::Outbox(_) | Self::NoCapacity(_) | Self::Timeout(_) | Self::ReplicaFailed(_)
+                Self::Outbox(_)
+                    | Self::NoCapacity(_)
+                    | Self::HeldForFloors(_)
+                    | Self::Timeout(_)
+                    | Self::ReplicaFailed(_)
             )
     }
 
@@ -179,7 +191,7 @@ impl IntoResponse for GatewayError {
         }
         let mut res = (self.status_code(), Json(self.openai_body())).into_response();
         let retry_after = match &self {
-            Self::NoCapacity(detail) => {
+            Self::NoCapacity(detail) | Self::HeldForFloors(detail) => {
                 tracing::warn!(detail = %detail, "engine has no capacity");
                 Some(crate::limits::RetryAfter::no_capacity())
             }
@@ -209,6 +221,10 @@ impl IntoResponse for GatewayError {
 impl From<EngineError> for GatewayError {
     fn from(e: EngineError) -> Self {
         match e {
+            EngineError::NoCapacity {
+                why: engine::error::NoRoom::HeldForFloors { .. },
+                ..
+            } => Self::HeldForFloors(e.to_string()),
             EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. } => {
                 Self::NoCapacity(e.to_string())
             }

@@ -23,6 +23,8 @@
 //!   its fair queue (`GATEWAY_QUEUE=on`)
 //! - [`ladder`]: each priority's share of its rate under saturation and SLO
 //!   pressure (`GATEWAY_QUEUE=on`)
+//! - [`preemption`]: a waiting priority-5 request preempts the lowest
+//!   non-streaming request in flight, which re-queues (delay, not failure)
 //! - [`limits`]: requests/min and tokens/min per key and model, requests/s,
 //!   concurrency and KV·seconds per tenant — shared by every gateway
 //! - [`cluster`]: the Redis the gateways share, their liveness, the limits' mode
@@ -31,9 +33,11 @@
 //! - [`tpot`]: recent time per output token, for the KV·seconds estimate
 //! - [`idempotency`]: `Idempotency-Key` replays and conflicts, across gateways
 //! - [`tenants`]: key hashes → callers and their limits, refreshed in the background
-//! - [`seed`]: tenants, keys and limits from a YAML file
+//! - [`floors`]: the tenants' reserved floors on the simulated model pools
 //! - [`outbox`]: the durable local queue (redb, group commit)
 //! - [`relay`]: outbox → Kafka with the idempotent producer
+//! - [`replica_reports`]: the busy and idle GPU time of this gateway's
+//!   simulated replicas, reported once per replica through the outbox
 //! - [`state`]: what every handler shares
 //! - [`service`], [`config`], [`error`], [`telemetry`]: the process around it
 
@@ -42,16 +46,18 @@ pub mod chat;
 pub mod cluster;
 pub mod config;
 pub mod error;
+pub mod floors;
 pub mod gpu_ledger;
 pub mod idempotency;
 pub mod ladder;
 pub mod limits;
 pub mod metering;
 pub mod outbox;
+pub mod preemption;
 pub mod readiness;
 pub mod relay;
+pub mod replica_reports;
 pub mod retry_budget;
-pub mod seed;
 pub mod service;
 pub mod state;
 pub mod telemetry;

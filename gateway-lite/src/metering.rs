@@ -16,6 +16,14 @@
 //!   completion the event is durable in the outbox before the final chunks
 //!   and `data: [DONE]` are sent.
 //!
+//! A non-streaming request of a queued model may be **preempted**
+//! ([`crate::preemption`]): its generation is cancelled at the engine, the
+//! GPU time it used is kept as thrown away (`preempted_gpu_seconds`, also
+//! part of `gpu_seconds`), and it runs again after waiting in its queue
+//! at its own priority; its client only waits longer. The one event it
+//! ends with carries every attempt's GPU time and how often it was
+//! preempted.
+//!
 //! A request still running after GATEWAY_REQUEST_TIMEOUT_SECS is stopped the
 //! same way (cancelled at the engine) and billed as an `error` with what it
 //! used; the client gets a 504, or, mid-stream, an error chunk and
@@ -27,10 +35,10 @@ use axum::body::Bytes;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use engine::openai::{ChatCompletion, ChunkStream};
 use engine::upstream::{Generation, ModelInfo};
-use engine::{Completion, EngineError, Piece};
+use engine::{Completion, CompletionRequest, EngineError, Piece};
 use rust_decimal::Decimal;
 use tokio::sync::{mpsc, oneshot};
-use usage_contract::{FinishReason, RequestId, UsageEvent, SCHEMA_VERSION};
+use usage_contract::{FinishReason, Placement, RequestId, UsageEvent, SCHEMA_VERSION};
 
 use crate::error::GatewayError;
 use crate::idempotency::{Guard, Stored};
@@ -51,6 +59,31 @@ pub struct Run {
     pub prompt_tokens: u64,
     pub permit: Permit,
     pub idempotency: Option<Guard>,
+    /// What to ask the engine again if the request is preempted: set for
+    /// non-streaming requests of a model with a priority queue.
+    pub requeue: Option<Requeue>,
+    /// What preemptions threw away so far.
+    pub lost: Lost,
+}
+
+/// A request as it is sent again after a preemption.
+#[derive(Debug, Clone)]
+pub struct Requeue {
+    pub request: CompletionRequest,
+    /// Its cost in the fair queue (estimated GPU-µs).
+    pub cost_gpu_micros: u64,
+}
+
+/// The attempts a request lost to preemption.
+#[derive(Debug, Clone, Default)]
+pub struct Lost {
+    /// Their GPU time, every bit of it thrown away.
+    pub gpu_seconds: Decimal,
+    pub preemptions: u32,
+    /// The preemption chain's depth this request is at.
+    pub depth: u8,
+    /// Wall time from the request's first start to its last restart.
+    pub waited: std::time::Duration,
 }
 
 /// How waiting on a generation ended.
@@ -89,12 +122,28 @@ impl Run {
     ) {
         let deadline = tokio::time::sleep(self.state.request_timeout);
         tokio::pin!(deadline);
+        let mut registration = self.register(&generation);
+        let mut attempt_started = Instant::now();
         let ended = loop {
-            let piece = tokio::select! {
+            let step = tokio::select! {
                 biased;
                 () = reply.closed() => break Ended::ClientGone,
                 () = &mut deadline => break Ended::TimedOut,
-                piece = generation.next() => piece,
+                p = preempted(&mut registration) => Err(p),
+                piece = generation.next() => Ok(piece),
+            };
+            let piece = match step {
+                Ok(piece) => piece,
+                Err(p) => match self.run_again(generation, p).await {
+                    Ok(again) => {
+                        generation = again;
+                        self.lost.waited += attempt_started.elapsed();
+                        attempt_started = Instant::now();
+                        registration = self.register(&generation);
+                        continue;
+                    }
+                    Err(e) => return self.abandon(e, reply).await,
+                },
             };
             match piece {
                 Ok(Piece::Done(done)) => break Ended::Done(done),
@@ -154,6 +203,94 @@ impl Run {
             return;
         }
         let _ = reply.send(Ok(answer.body));
+    }
+
+    /// A preempted request that could not run again: it is billed what
+    /// its attempts used, all of it thrown away, and its client gets `e`.
+    async fn abandon(
+        mut self,
+        e: GatewayError,
+        reply: oneshot::Sender<Result<Bytes, GatewayError>>,
+    ) {
+        let mut event = self.event();
+        event.finish_reason = FinishReason::Error;
+        event.gpu_seconds = self.lost.gpu_seconds;
+        event.preempted_gpu_seconds = self.lost.gpu_seconds;
+        let answer = match self.record(event).await {
+            Ok(()) => Err(e),
+            Err(recorded) => Err(recorded),
+        };
+        let _ = reply.send(answer);
+    }
+
+    /// Registers a running attempt as preemptible, if this request can be
+    /// preempted at all.
+    fn register(&self, generation: &Generation) -> Option<crate::preemption::Registration> {
+        self.requeue.as_ref()?;
+        let preemptions = self.state.queues.as_ref()?.preemptions(&self.model)?;
+        Some(preemptions.register(crate::preemption::Run {
+            model: &self.model,
+            replica: generation.replica_id()?,
+            owner: generation.dedicated_to(),
+            tenant: &self.caller.tenant_id,
+            priority: self.caller.priority,
+        }))
+    }
+
+    /// After a preemption: cancels the attempt (its KV freed, its GPU time
+    /// kept as lost), then waits in the model's queue at the request's own
+    /// priority until a replica takes it again. A re-queued request that
+    /// cannot start may preempt a lower one in turn (one level deeper).
+    async fn run_again(
+        &mut self,
+        generation: Generation,
+        p: crate::preemption::Preempted,
+    ) -> Result<Generation, GatewayError> {
+        match generation.cancel().await {
+            Ok(used) => self.lost.gpu_seconds += used.gpu_seconds,
+            Err(e) => tracing::warn!(error = %e, "a preempted attempt did not report its GPU time"),
+        }
+        self.lost.preemptions += 1;
+        self.lost.depth = p.depth;
+        tracing::info!(
+            request_id = %self.request_id,
+            tenant = %self.caller.tenant_id,
+            by = %p.by_tenant,
+            lost_gpu_seconds = %self.lost.gpu_seconds,
+            "preempted; queued again"
+        );
+        let (Some(requeue), Some(queues)) = (self.requeue.clone(), self.state.queues.clone())
+        else {
+            return Err(GatewayError::Engine(
+                "a preempted request could not be queued again".into(),
+            ));
+        };
+        // Its room is free now: the next in line (the preemptor) may start.
+        queues.wake(&self.model);
+        let deadline = Instant::now() + crate::admission_queue::MAX_WAIT;
+        let mut preempted_for_it = false;
+        loop {
+            match self.state.engine.start(&requeue.request, false).await {
+                Ok(again) => return Ok(again),
+                Err(EngineError::NoCapacity { .. }) => {}
+                Err(e) => return Err(GatewayError::from(e)),
+            }
+            if !preempted_for_it {
+                preempted_for_it = queues.preemptions(&self.model).is_some_and(|r| {
+                    r.preempt_for(
+                        &self.model,
+                        &self.caller.tenant_id,
+                        self.caller.priority,
+                        self.lost.depth,
+                    )
+                });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            queues
+                .wait(&self.model, &self.caller, requeue.cost_gpu_micros, left)
+                .await
+                .map_err(|_| GatewayError::QueueTimeout(crate::admission_queue::MAX_WAIT))?;
+        }
     }
 
     /// Streaming: forwards the generation to `tx` as SSE frames until it
@@ -322,7 +459,7 @@ impl Run {
         let speedup = i64::from(self.state.speedup.max(1));
         // What the client saw: the queue wait, then the engine's time
         // (the simulator may run faster than real time).
-        let queued = self.queued.as_millis() as u64 * speedup as u64;
+        let queued = (self.queued + self.lost.waited).as_millis() as u64 * speedup as u64;
         self.state.slo.record(
             &self.caller.tenant_id,
             self.caller.slo,
@@ -370,7 +507,27 @@ impl Run {
             replica_id: self.info.replica_id.clone(),
             gateway_id: self.state.gateway_id.clone(),
             stream: false,
+            placement: Some(Placement {
+                pool: self.model.clone(),
+                dedicated_to: None,
+                // In the engine's time, as ttft_ms (the queue wait is real
+                // time; the simulator may run faster).
+                queue_wait_ms: (self.queued + self.lost.waited).as_millis() as i64
+                    * i64::from(self.state.speedup.max(1)),
+                preemptions: i64::from(self.lost.preemptions),
+            }),
         }
+    }
+
+    /// What the engine said of where it ran the request, and what earlier
+    /// attempts lost to preemption.
+    fn placed(&self, e: &mut UsageEvent, used: &Completion) {
+        if let Some(p) = e.placement.as_mut() {
+            p.dedicated_to = used.dedicated_to.clone();
+            p.preemptions += i64::from(used.preemptions);
+        }
+        e.gpu_seconds += self.lost.gpu_seconds;
+        e.preempted_gpu_seconds += self.lost.gpu_seconds;
     }
 
     /// The event of a request the engine completed: its own figures.
@@ -392,6 +549,7 @@ impl Run {
         e.completion_tokens = done.completion_tokens as i64;
         e.gpu_seconds = done.gpu_seconds;
         e.preempted_gpu_seconds = done.preempted_gpu_seconds;
+        self.placed(&mut e, done);
         e.finish_reason = finish_reason(done);
         e.stream = stream;
         e
@@ -418,18 +576,30 @@ impl Run {
                 e.preempted_gpu_seconds = used.preempted_gpu_seconds;
                 e.model_version = used.model_version.clone();
                 e.replica_id = used.replica_id.clone();
+                self.placed(&mut e, used);
             }
             None => {
                 e.gpu_seconds = self.state.engine.estimated_gpu_seconds(
                     &self.model,
                     self.prompt_tokens,
                     p.produced,
-                );
+                ) + self.lost.gpu_seconds;
+                e.preempted_gpu_seconds = self.lost.gpu_seconds;
             }
         }
         e.finish_reason = p.reason;
         e.stream = stream;
         e
+    }
+}
+
+/// Resolves when the registered attempt is preempted; never without one.
+async fn preempted(
+    registration: &mut Option<crate::preemption::Registration>,
+) -> crate::preemption::Preempted {
+    match registration {
+        Some(r) => r.preempted().await,
+        None => std::future::pending().await,
     }
 }
 

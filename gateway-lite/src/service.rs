@@ -27,7 +27,7 @@ use crate::outbox::Outbox;
 use crate::readiness::Readiness;
 pub use crate::state::AppState;
 use crate::tenants::Registry;
-use crate::{chat, relay, seed, telemetry};
+use crate::{chat, relay, telemetry};
 
 /// How long shutdown waits for admitted requests to finish.
 const RUN_GRACE: Duration = Duration::from_secs(30);
@@ -68,6 +68,17 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
                     relay::report_age(&outbox);
                     let mut text = handle.render();
                     text.push_str(&telemetry::upstream_gpu_seconds(&engine));
+                    // The simulated replicas this gateway hosts, under the
+                    // engine's own names (vLLM's, and its GPU-second counters).
+                    let served: Vec<&str> = engine
+                        .models()
+                        .iter()
+                        .filter(|m| !m.remote)
+                        .map(|m| m.name.as_str())
+                        .collect();
+                    let mut snapshots = engine.simulator().snapshots();
+                    snapshots.retain(|s| served.contains(&s.model.as_str()));
+                    text.push_str(&engine::metrics::render(&snapshots));
                     let replicas: Vec<String> = engine
                         .remote()
                         .iter()
@@ -121,15 +132,9 @@ pub async fn run(
     telemetry::describe();
 
     let pool = schema::connect(&config.database_url, 4, Duration::from_secs(60)).await?;
-    if let Some(path) = &config.tenants_file {
-        let file = seed::load(path)?;
-        seed::apply(&pool, &file).await?;
-        tracing::info!(tenants = file.tenants.len(), "seeded tenants");
-    }
     let registry = Registry::default();
     let keys = registry.refresh(&pool).await?;
     tracing::info!(keys, "loaded api keys");
-    registry.spawn_refresh(pool.clone(), Duration::from_millis(config.key_refresh_ms));
 
     let outbox = Outbox::open(&config.outbox)?;
     tracing::info!(waiting = outbox.depth(), path = %config.outbox.display(), "outbox open");
@@ -148,6 +153,13 @@ pub async fn run(
         None => Vec::new(),
     };
     let simulator = Arc::new(Simulator::new(config.profiles()?, config.engine_speedup));
+    let floors = crate::floors::Floors::new(simulator.clone(), config.floor_limit_bp()?);
+    floors.apply(registry.floors());
+    registry.spawn_refresh(
+        pool.clone(),
+        Duration::from_millis(config.key_refresh_ms),
+        move |registry| floors.apply(registry.floors()),
+    );
     let cluster = match config.limits {
         LimitsMode::Shared => {
             Cluster::connect(&config.redis_url, &config.redis_prefix, &config.gateway_id).map_err(
@@ -233,6 +245,17 @@ pub async fn run(
         ladder,
     };
     state.spawn_ladder();
+    let (stop_reports, reports_stopped) = watch::channel(false);
+    let reporter = crate::replica_reports::Reporter::start(
+        state.engine.clone(),
+        outbox.clone(),
+        config.gateway_id.clone(),
+    )
+    .await;
+    let reports = tokio::spawn(reporter.run(
+        Duration::from_secs(config.replica_report_secs),
+        reports_stopped,
+    ));
     let runs = state.runs.clone();
     // Fail readiness first, keep accepting while the load balancer notices,
     // then stop accepting (serving drains what is in flight).
@@ -275,6 +298,9 @@ pub async fn run(
         renewal.abort();
         limiter.release().await;
     }
+    // The replicas' last interval, after the last request ended on them.
+    let _ = stop_reports.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), reports).await;
     tracing::info!("draining the outbox");
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(10), relay_task).await;

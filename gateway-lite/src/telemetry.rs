@@ -79,6 +79,10 @@ pub fn describe() {
         "Usage events the broker acknowledged"
     );
     metrics::describe_counter!(
+        "gateway_replica_reports_total",
+        "Replica reports (busy and idle GPU time of a simulated replica) written to the outbox"
+    );
+    metrics::describe_counter!(
         "gateway_relay_errors_total",
         "Publish attempts that failed and will be retried"
     );
@@ -113,6 +117,14 @@ pub fn describe() {
     metrics::describe_gauge!(
         "gateway_queue_depth",
         "Requests waiting in a simulated model's fair queue (GATEWAY_QUEUE=on), at the last enqueue"
+    );
+    metrics::describe_gauge!(
+        "gateway_reserved_floor_ratio",
+        "Each enterprise tenant's reserved floor as applied on the simulated model pools, in KV share (0-1)"
+    );
+    metrics::describe_gauge!(
+        "gateway_reserved_floors_ratio",
+        "The reserved floors together, in KV share of a pool: promised by the tenant config, applied (scaled to fit), and the limit (GATEWAY_FLOOR_LIMIT)"
     );
     metrics::describe_gauge!(
         "gateway_peers",
@@ -298,6 +310,7 @@ mod tests {
             replica_id: "r".into(),
             gateway_id: "g".into(),
             stream: false,
+            placement: None,
         };
         let recorder = prometheus().unwrap().build_recorder();
         let handle = recorder.handle();

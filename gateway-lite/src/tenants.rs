@@ -119,10 +119,12 @@ fn positive_u32<T: TryInto<u64>>(v: Option<T>) -> Option<u32> {
     positive(v).map(|v| u32::try_from(v).unwrap_or(u32::MAX))
 }
 
-/// The in-memory view of active keys.
+/// The in-memory view of active keys, and the tenants' reserved floors.
 #[derive(Clone, Default)]
 pub struct Registry {
     by_hash: Arc<RwLock<HashMap<[u8; 32], Caller>>>,
+    /// Basis points of each model pool, by tenant (those with a floor).
+    floors: Arc<RwLock<HashMap<String, u32>>>,
 }
 
 impl Registry {
@@ -140,8 +142,18 @@ impl Registry {
         }
     }
 
-    /// Reloads every active key from Postgres.
+    /// The tenants' reserved floors at the last refresh (basis points).
+    pub fn floors(&self) -> HashMap<String, u32> {
+        self.floors.read().map(|f| f.clone()).unwrap_or_default()
+    }
+
+    /// Reloads every active key, and the reserved floors, from Postgres.
     pub async fn refresh(&self, pool: &PgPool) -> Result<usize, sqlx::Error> {
+        let floors: Vec<(String, i32)> = sqlx::query_as(
+            "SELECT tenant_id, reserved_floor_bp FROM tenants WHERE reserved_floor_bp IS NOT NULL",
+        )
+        .fetch_all(pool)
+        .await?;
         let rows: Vec<KeyRow> = sqlx::query_as(
             "SELECT k.key_hash, k.tenant_id, k.api_key_id, t.priority, t.wfq_weight, t.max_concurrency,
                     t.max_kv_gib_seconds, t.slo_ttft_p95_ms, t.slo_e2e_p95_ms,
@@ -210,19 +222,33 @@ impl Registry {
         if let Ok(mut guard) = self.by_hash.write() {
             *guard = map;
         }
+        if let Ok(mut guard) = self.floors.write() {
+            *guard = floors
+                .into_iter()
+                .filter_map(|(t, bp)| Some((t, positive_u32(Some(bp))?)))
+                .collect();
+        }
         Ok(n)
     }
 
-    /// Refreshes every `every` in the background; a failed refresh keeps the
-    /// last good view.
-    pub fn spawn_refresh(&self, pool: PgPool, every: Duration) {
+    /// Refreshes every `every` in the background, calling `refreshed`
+    /// after each good refresh; a failed refresh keeps the last good view.
+    pub fn spawn_refresh(
+        &self,
+        pool: PgPool,
+        every: Duration,
+        refreshed: impl Fn(&Self) + Send + 'static,
+    ) {
         let registry = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
-                if let Err(e) = registry.refresh(&pool).await {
-                    tracing::warn!(error = %e, "key refresh failed; keeping the last view");
+                match registry.refresh(&pool).await {
+                    Ok(_) => refreshed(&registry),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "key refresh failed; keeping the last view");
+                    }
                 }
             }
         });

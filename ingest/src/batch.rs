@@ -1,13 +1,13 @@
 //! What a batch of raw messages means, before any database is involved:
-//! which messages are events, which are dead letters, which repeat an id
-//! seen earlier in the same batch, and how the counted events add up per
-//! hour. Pure functions, so the rules are unit- and property-tested.
+//! which messages are events (or replica reports), which are dead letters,
+//! which repeat an id seen earlier in the same batch, and how the counted
+//! events add up per hour. Pure functions, so the rules are unit- and property-tested.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use rust_decimal::Decimal;
-use usage_contract::{decode, FinishReason, UsageEvent, Violation};
+use usage_contract::{decode_record, FinishReason, Record, ReplicaReport, UsageEvent, Violation};
 use uuid::Uuid;
 
 /// One message as read from the topic.
@@ -21,15 +21,35 @@ pub struct RawMessage {
     pub decoded: Option<Prepared>,
 }
 
-/// A decoded message: the valid event and its content hash, or why not.
-pub type Prepared = Result<(UsageEvent, [u8; 32]), Violation>;
+/// A decoded message: the valid event and its content hash, a valid
+/// replica report, or why not.
+pub type Prepared = Result<Parsed, Violation>;
+
+/// A message that kept the contract.
+#[derive(Debug, Clone)]
+pub enum Parsed {
+    Usage(UsageEvent, [u8; 32]),
+    Replica(ReplicaReport),
+}
 
 /// Decodes and validates one payload against the clock `now`.
 pub fn prepare(payload: &[u8], now: DateTime<Utc>) -> Prepared {
-    decode(payload, now).map(|event| {
-        let hash = event.content_hash();
-        (event, hash)
+    decode_record(payload, now).map(|record| match record {
+        Record::Usage(event) => {
+            let hash = event.content_hash();
+            Parsed::Usage(event, hash)
+        }
+        Record::Replica(report) => Parsed::Replica(report),
     })
+}
+
+/// A valid replica report and where it came from.
+#[derive(Debug, Clone)]
+pub struct ReportCandidate {
+    pub report: ReplicaReport,
+    pub partition: i32,
+    pub offset: i64,
+    pub raw: Vec<u8>,
 }
 
 /// A decoded, valid event and where it came from.
@@ -64,13 +84,15 @@ pub struct Decoded {
     /// Later occurrences of an id already in `firsts`.
     pub repeats: Vec<Candidate>,
     pub rejected: Vec<Rejected>,
+    /// Replica reports (idle and dedicated GPU time), stored by report id.
+    pub reports: Vec<ReportCandidate>,
     /// Per partition: the offset after the last message in the batch.
     pub next_offsets: BTreeMap<i32, i64>,
 }
 
 impl Decoded {
     pub fn len(&self) -> usize {
-        self.firsts.len() + self.repeats.len() + self.rejected.len()
+        self.firsts.len() + self.repeats.len() + self.rejected.len() + self.reports.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -108,7 +130,13 @@ fn split_with<'a>(
         let next = out.next_offsets.entry(m.partition).or_insert(m.offset + 1);
         *next = (*next).max(m.offset + 1);
         match prepared.unwrap_or_else(|| prepare(&m.payload, now)) {
-            Ok((event, hash)) => {
+            Ok(Parsed::Replica(report)) => out.reports.push(ReportCandidate {
+                report,
+                partition: m.partition,
+                offset: m.offset,
+                raw: m.payload.clone(),
+            }),
+            Ok(Parsed::Usage(event, hash)) => {
                 let candidate = Candidate {
                     hash,
                     event,
@@ -222,6 +250,31 @@ pub fn aggregate<'a>(
         .collect()
 }
 
+/// The per-key rollup's key: tenant, API key, model, priority, UTC hour.
+pub type KeyHour = (String, String, String, i16, DateTime<Utc>);
+
+/// Adds events up per API key and hour, in key order.
+pub fn aggregate_by_key<'a>(
+    events: impl IntoIterator<Item = &'a UsageEvent>,
+) -> BTreeMap<KeyHour, HourTotals> {
+    let mut sums: HashMap<(&'a str, &'a str, &'a str, i16, DateTime<Utc>), HourTotals> =
+        HashMap::new();
+    for e in events {
+        sums.entry((
+            &e.tenant_id,
+            &e.api_key_id,
+            &e.model,
+            e.priority,
+            hour_of(e),
+        ))
+        .or_default()
+        .add(e);
+    }
+    sums.into_iter()
+        .map(|((t, k, m, p, h), totals)| ((t.to_owned(), k.to_owned(), m.to_owned(), p, h), totals))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,6 +310,7 @@ mod tests {
             replica_id: "r".into(),
             gateway_id: "g".into(),
             stream: false,
+            placement: None,
         }
     }
 

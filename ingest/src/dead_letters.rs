@@ -14,10 +14,10 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
-use usage_contract::{decode, UsageEvent};
+use usage_contract::{decode_record, Record, UsageEvent};
 use uuid::Uuid;
 
-use crate::batch::{Candidate, Decoded, Rejected};
+use crate::batch::{Candidate, Decoded, Rejected, ReportCandidate};
 use crate::store::{apply, Partitions};
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -98,9 +98,28 @@ pub async fn redrive(
         let Some((raw,)) = row else {
             continue; // re-driven meanwhile by someone else
         };
-        let outcome = match decode(&raw, Utc::now()) {
+        let outcome = match decode_record(&raw, Utc::now()) {
             Err(violation) => format!("still rejected: {violation}"),
-            Ok(event) => {
+            Ok(Record::Replica(report)) => {
+                let decoded = Decoded {
+                    reports: vec![ReportCandidate {
+                        report,
+                        partition: dl.kafka_partition,
+                        offset: dl.kafka_offset,
+                        raw: raw.clone(),
+                    }],
+                    ..Decoded::default()
+                };
+                let counts = apply(&mut tx, &dl.topic, decoded).await?;
+                if counts.reports == 1 {
+                    "counted".to_owned()
+                } else if counts.report_duplicates == 1 {
+                    "duplicate".to_owned()
+                } else {
+                    "still rejected".to_owned()
+                }
+            }
+            Ok(Record::Usage(event)) => {
                 partitions.ensure(pool, [&event]).await?;
                 let decoded = Decoded {
                     firsts: vec![Candidate {

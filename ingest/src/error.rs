@@ -13,8 +13,6 @@ pub enum IngestError {
     Schema(#[from] schema::SchemaError),
     #[error("metrics: {0}")]
     Metrics(String),
-    #[error("archive store: {0}")]
-    ObjectStore(#[from] object_store::Error),
-    #[error("parquet: {0}")]
-    Parquet(String),
+    #[error("archive: {0}")]
+    Archive(#[from] archive::ArchiveError),
 }

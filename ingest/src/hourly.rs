@@ -1,5 +1,7 @@
-//! usage_hourly: what inserted requests add to their hour, and marking
-//! closed hours that received late usage.
+//! usage_hourly: what inserted requests add to their hour; usage_key_hourly:
+//! the same per API key (for cost per key); and marking closed hours that
+//! received late usage. Both rollups take the same inserted rows in the same
+//! transaction, each as one sorted multi-row UNNEST upsert.
 
 use std::collections::BTreeMap;
 
@@ -7,7 +9,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use usage_contract::UsageEvent;
 
-use crate::batch::{aggregate, hour_of};
+use crate::batch::{aggregate, aggregate_by_key, hour_of};
 
 /// Adds the inserted events to usage_hourly: aggregated per key first, then
 /// one multi-row upsert. Keys are sorted so concurrent batches lock rows in
@@ -83,6 +85,72 @@ pub async fn upsert_hourly<'a>(
     .bind(preempted)
     .bind(cancelled)
     .bind(errored)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Adds the inserted events to usage_key_hourly: aggregated per (tenant,
+/// API key, model, priority, hour) first, then one multi-row upsert in key
+/// order (so concurrent batches cannot deadlock).
+pub async fn upsert_key_hourly<'a>(
+    conn: &mut PgConnection,
+    events: impl IntoIterator<Item = &'a UsageEvent>,
+) -> Result<(), sqlx::Error> {
+    let sums = aggregate_by_key(events);
+    if sums.is_empty() {
+        return Ok(());
+    }
+    let n = sums.len();
+    let (mut tenant, mut key, mut model, mut priority, mut hour) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut requests, mut prompt, mut cached, mut completion, mut gpu) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for ((t, k, m, p, h), totals) in sums {
+        tenant.push(t);
+        key.push(k);
+        model.push(m);
+        priority.push(p);
+        hour.push(h);
+        requests.push(totals.requests);
+        prompt.push(totals.prompt_tokens);
+        cached.push(totals.cached_tokens);
+        completion.push(totals.completion_tokens);
+        gpu.push(totals.gpu_seconds);
+    }
+    sqlx::query(
+        "INSERT INTO usage_key_hourly AS u (tenant_id, api_key_id, model, priority, hour,
+             requests, prompt_tokens, cached_tokens, completion_tokens, gpu_seconds)
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::smallint[],
+             $5::timestamptz[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[],
+             $10::numeric[])
+         ON CONFLICT (tenant_id, api_key_id, model, priority, hour) DO UPDATE SET
+             requests = u.requests + EXCLUDED.requests,
+             prompt_tokens = u.prompt_tokens + EXCLUDED.prompt_tokens,
+             cached_tokens = u.cached_tokens + EXCLUDED.cached_tokens,
+             completion_tokens = u.completion_tokens + EXCLUDED.completion_tokens,
+             gpu_seconds = u.gpu_seconds + EXCLUDED.gpu_seconds",
+    )
+    .bind(tenant)
+    .bind(key)
+    .bind(model)
+    .bind(priority)
+    .bind(hour)
+    .bind(requests)
+    .bind(prompt)
+    .bind(cached)
+    .bind(completion)
+    .bind(gpu)
     .execute(conn)
     .await?;
     Ok(())

@@ -11,27 +11,32 @@
 //! - [`batcher`]: size/time batches, retries, fencing
 //! - [`batch`]: pure rules: decode, in-batch repeats, duplicate vs conflict, hourly sums
 //! - [`store`]: the one transaction per batch
-//! - [`request_rows`], [`hourly`]: its request_log insert and usage_hourly upsert
+//! - [`request_rows`], [`hourly`]: its request_log insert, and the usage_hourly and
+//!   usage_key_hourly (per API key) upserts
+//! - [`capacity`]: replica reports (idle and dedicated GPU time) and the
+//!   usage that ran on dedicated replicas, in the same transaction
 //! - [`offsets`]: offsets in Postgres, moved by compare-and-set
 //! - [`dead_letters`]: list and re-drive
 //! - [`telemetry`]: Prometheus metrics
 //! - [`service`], [`config`], [`error`]: the process around it
 //! - [`session`]: what ingest and the archiver share as processes (metrics
 //!   endpoint, the consumer-group session loop)
-//! - [`archive`]: the Parquet archiver (its own binary, `archiver`): its own
-//!   consumer group, files per partition and UTC hour, a manifest and
-//!   archive offsets committed in one transaction after the files are written
+//! - [`archive`]: the Parquet archiver process (its own binary, `archiver`):
+//!   it archives what ingest committed (request_log rows, through
+//!   `archive_queue`), with the `archive` crate
 //!
 //! Invariants: a batch's rows, hourly deltas, dead letters and offsets commit
 //! in one transaction or not at all; usage_hourly only ever receives rows
 //! that `INSERT … ON CONFLICT DO NOTHING` actually inserted; a consumer whose
-//! stored offset moved under it writes nothing. The archive's files are
-//! visible only through manifest rows, which commit with the archive offsets
-//! (by compare-and-set) after the files are durably written.
+//! stored offset moved under it writes nothing. Every request_log row
+//! enters `archive_queue` in the statement that inserts it (a trigger);
+//! the archiver lists a batch's files and takes its ids off the queue in
+//! one transaction, after the files are durably written.
 
 pub mod archive;
 pub mod batch;
 pub mod batcher;
+pub mod capacity;
 pub mod config;
 pub mod consumer;
 pub mod dead_letters;

@@ -10,21 +10,18 @@ use std::collections::BTreeMap;
 
 use sqlx::{PgConnection, PgPool};
 
-/// Which table holds a group's offsets. Both have the same shape and move
-/// by the same compare-and-set; only whose data they cover differs.
+/// Which table holds a group's offsets: ingest's `consumer_offsets`
+/// (request_log and usage_hourly). The archiver follows request_log, not
+/// the topic, and keeps no offsets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ledger {
-    /// Ingest's `consumer_offsets` (request_log and usage_hourly).
     Ingest,
-    /// The archiver's `archive_offsets` (the Parquet manifest).
-    Archive,
 }
 
 impl Ledger {
     fn table(self) -> &'static str {
         match self {
             Self::Ingest => "consumer_offsets",
-            Self::Archive => "archive_offsets",
         }
     }
 }

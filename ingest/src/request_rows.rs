@@ -55,12 +55,13 @@ const INSERT_ROWS: &str = "INSERT INTO request_log (request_id, tenant_id, api_k
      model_version, priority, started_at, first_token_at, finished_at, prompt_tokens,
      cached_tokens, completion_tokens, gpu_seconds, preempted_gpu_seconds, finish_reason,
      ttft_ms, tpot_ms, replica_id, gateway_id, stream, content_hash, kafka_partition,
-     kafka_offset)
+     kafka_offset, pool, dedicated_to, queue_wait_ms, preemptions)
  SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
      $6::smallint[], $7::timestamptz[], $8::timestamptz[], $9::timestamptz[],
      $10::bigint[], $11::bigint[], $12::bigint[], $13::numeric[], $14::numeric[],
      $15::text[], $16::bigint[], $17::bigint[], $18::text[], $19::text[],
-     $20::boolean[], $21::bytea[], $22::integer[], $23::bigint[])";
+     $20::boolean[], $21::bytea[], $22::integer[], $23::bigint[], $24::text[],
+     $25::text[], $26::bigint[], $27::bigint[])";
 
 /// Inserts the batch's rows (ids unique within `rows`) and says which went in.
 pub(crate) async fn insert_request_rows(
@@ -132,6 +133,10 @@ struct RequestColumns<'a> {
     content_hash: Vec<&'a [u8]>,
     kafka_partition: Vec<i32>,
     kafka_offset: Vec<i64>,
+    pool: Vec<Option<&'a str>>,
+    dedicated_to: Vec<Option<&'a str>>,
+    queue_wait_ms: Vec<Option<i64>>,
+    preemptions: Vec<Option<i64>>,
 }
 
 impl<'a> RequestColumns<'a> {
@@ -147,7 +152,7 @@ impl<'a> RequestColumns<'a> {
         cols
     }
 
-    /// Binds the columns as `$1` … `$23`, in [`INSERT_ROWS`]' order.
+    /// Binds the columns as `$1` … `$27`, in [`INSERT_ROWS`]' order.
     fn bind<'q>(&'q self, q: PgQuery<'q>) -> PgQuery<'q> {
         q.bind(&self.request_id[..])
             .bind(&self.tenant_id[..])
@@ -172,6 +177,10 @@ impl<'a> RequestColumns<'a> {
             .bind(&self.content_hash[..])
             .bind(&self.kafka_partition[..])
             .bind(&self.kafka_offset[..])
+            .bind(&self.pool[..])
+            .bind(&self.dedicated_to[..])
+            .bind(&self.queue_wait_ms[..])
+            .bind(&self.preemptions[..])
     }
 
     fn push(&mut self, c: &'a Candidate) {
@@ -199,6 +208,12 @@ impl<'a> RequestColumns<'a> {
         self.content_hash.push(&c.hash);
         self.kafka_partition.push(c.partition);
         self.kafka_offset.push(c.offset);
+        let p = e.placement.as_ref();
+        self.pool.push(p.map(|p| p.pool.as_str()));
+        self.dedicated_to
+            .push(p.and_then(|p| p.dedicated_to.as_deref()));
+        self.queue_wait_ms.push(p.map(|p| p.queue_wait_ms));
+        self.preemptions.push(p.map(|p| p.preemptions));
     }
 }
 
@@ -216,7 +231,8 @@ pub(crate) async fn stored_rows(
         "SELECT request_id, tenant_id, api_key_id, model, model_version, priority,
                 started_at, first_token_at, finished_at, prompt_tokens, cached_tokens,
                 completion_tokens, gpu_seconds, preempted_gpu_seconds, finish_reason,
-                ttft_ms, tpot_ms, replica_id, gateway_id, stream, content_hash
+                ttft_ms, tpot_ms, replica_id, gateway_id, stream, pool, dedicated_to,
+                queue_wait_ms, preemptions, content_hash
          FROM request_log WHERE request_id = ANY($1)",
     )
     .bind(ids)

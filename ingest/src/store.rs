@@ -11,8 +11,9 @@ use usage_contract::{StoredRequest, UsageEvent, Violation};
 use uuid::Uuid;
 
 use crate::batch::{compare, Candidate, Decoded, Rejected, Verdict};
+use crate::capacity::{store_reports, upsert_dedicated_usage};
 use crate::dead_letters::insert_dead_letters;
-use crate::hourly::{mark_late_hours, upsert_hourly};
+use crate::hourly::{mark_late_hours, upsert_hourly, upsert_key_hourly};
 use crate::offsets::{self, ConsumerKey, Ledger};
 use crate::request_rows::{insert_request_rows, stored_rows};
 
@@ -23,6 +24,9 @@ pub struct Counts {
     pub duplicates: u64,
     pub conflicts: u64,
     pub dead_lettered: u64,
+    /// Replica reports stored, and re-sent ones skipped.
+    pub reports: u64,
+    pub report_duplicates: u64,
 }
 
 /// The result of trying to commit a batch.
@@ -132,6 +136,7 @@ pub async fn apply(
         firsts,
         repeats,
         mut rejected,
+        reports,
         ..
     } = decoded;
     let mut counts = Counts::default();
@@ -163,7 +168,15 @@ pub async fn apply(
     };
 
     // Unknown tenants are dead letters, decided against the table itself.
-    let tenants: Vec<&str> = firsts.iter().map(|c| c.event.tenant_id.as_str()).collect();
+    let tenants: Vec<&str> = firsts
+        .iter()
+        .map(|c| c.event.tenant_id.as_str())
+        .chain(
+            reports
+                .iter()
+                .filter_map(|r| r.report.dedicated_to.as_deref()),
+        )
+        .collect();
     let known = known_tenants(tx, &tenants).await?;
     let (firsts, unknown): (Vec<_>, Vec<_>) = firsts
         .into_iter()
@@ -224,6 +237,11 @@ pub async fn apply(
     }
 
     upsert_hourly(tx, counted.iter().map(|c| &c.event)).await?;
+    upsert_key_hourly(tx, counted.iter().map(|c| &c.event)).await?;
+    upsert_dedicated_usage(tx, counted.iter().map(|c| &c.event)).await?;
+    let report_counts = store_reports(tx, reports, &known, &mut rejected).await?;
+    counts.reports = report_counts.inserted;
+    counts.report_duplicates = report_counts.duplicates;
     mark_late_hours(tx, counted.iter().map(|c| &c.event)).await?;
     counts.dead_lettered = insert_dead_letters(tx, topic, &rejected).await?;
     Ok(counts)

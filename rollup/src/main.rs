@@ -23,17 +23,10 @@ struct Cli {
     #[arg(long, env = "ROLLUP_KEEP_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
     keep_days: u32,
     /// Keep a due request_log day until the Parquet archive has covered it
-    /// (its archiver offsets passed the day's barrier). `false` only for a
+    /// (none of its ids waits in archive_queue). `false` only for a
     /// deployment that runs no archiver.
     #[arg(long, env = "ROLLUP_REQUIRE_ARCHIVE", default_value_t = true, action = clap::ArgAction::Set)]
     require_archive: bool,
-    /// The archiver's consumer group whose offsets retention waits for.
-    #[arg(
-        long,
-        env = "ROLLUP_ARCHIVE_GROUP",
-        default_value = "meterline-archiver"
-    )]
-    archive_group: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -82,13 +75,7 @@ async fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let lateness = TimeDelta::minutes(i64::from(cli.lateness_minutes));
     let archive = if cli.require_archive {
-        anyhow::ensure!(
-            !cli.archive_group.trim().is_empty(),
-            "ROLLUP_ARCHIVE_GROUP is empty"
-        );
-        retention::ArchiveRule::Require {
-            group: cli.archive_group.clone(),
-        }
+        retention::ArchiveRule::Require
     } else {
         retention::ArchiveRule::Ignore
     };

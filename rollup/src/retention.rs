@@ -4,20 +4,18 @@
 //! days (they could no longer be recognised as duplicates).
 //!
 //! A day the Parquet archive has not covered is never dropped (unless the
-//! deployment runs without an archiver: [`ArchiveRule::Ignore`]). The rule
-//! is a two-phase barrier. When a day first becomes due, ingest's stored
-//! offsets are recorded as its barrier (per topic and partition, the
-//! highest over ingest's groups): every request_log row of that day that
-//! exists then was ingested from a message below it, in the same
-//! transaction that moved the offset. The archiver archives every valid
-//! message it reads, so once its offset reaches the barrier in every
-//! partition, every such row is in the archive, and the day is dropped.
-//! Barriers are kept after the drop, as a record of what was checked.
+//! deployment runs without an archiver: [`ArchiveRule::Ignore`]). The
+//! archive follows request_log itself: every row enters `archive_queue` in
+//! the statement that inserts it, and leaves it in the transaction that
+//! lists the archive file holding it. So a day is covered exactly when none
+//! of its request ids is queued, and the check and the drop happen in one
+//! transaction under the usage lock, which ingest's batches take shared: no
+//! row of the day can be inserted (and queued) between them. After the
+//! drop, ingest dead-letters the day's late events (`beyond_retention`),
+//! so nothing new of that day needs archiving.
 //!
-//! A request of day D that ingest first stores after D's barrier was taken
-//! (at least `keep_days` late) is not waited for: it stays on the topic and
-//! the archiver archives it when it gets there, unless the topic's own
-//! retention is shorter than the archiver's lag.
+//! Without an archiver the queue is emptied of a day's ids as the day is
+//! dropped (nothing will ever take them off otherwise).
 
 use chrono::NaiveDate;
 use sqlx::PgPool;
@@ -25,65 +23,22 @@ use sqlx::PgPool;
 /// Whether dropping a day waits for the archive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ArchiveRule {
-    /// Drop a due day only once this archiver group has passed its barrier.
-    Require { group: String },
+    /// Drop a due day only once none of its ids waits in `archive_queue`.
+    Require,
     /// No archiver in this deployment: drop due days as they come.
     Ignore,
 }
 
-/// A partition where the archive has not reached a day's barrier yet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Behind {
-    pub topic: String,
-    pub partition: i32,
-    pub barrier: i64,
-    pub archived: Option<i64>,
-}
-
-/// Records `day`'s barrier unless it has one: ingest's offsets as they are now.
-pub async fn record_barrier(pool: &PgPool, day: NaiveDate) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "WITH new_day AS (
-             INSERT INTO retention_barrier_days (day) VALUES ($1)
-             ON CONFLICT DO NOTHING RETURNING day)
-         INSERT INTO retention_barriers (day, topic, kafka_partition, next_offset)
-         SELECT d.day, o.topic, o.kafka_partition, max(o.next_offset)
-         FROM new_day d CROSS JOIN consumer_offsets o
-         GROUP BY d.day, o.topic, o.kafka_partition",
+/// How many of `day`'s requests still wait to be archived.
+pub async fn queued(pool: &PgPool, day: NaiveDate) -> Result<i64, sqlx::Error> {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM archive_queue
+         WHERE request_id >= request_log_bound($1) AND request_id < request_log_bound($1 + 1)",
     )
     .bind(day)
-    .execute(pool)
+    .fetch_one(pool)
     .await?;
-    Ok(())
-}
-
-/// The partitions where archiver `group` is still below `day`'s barrier.
-pub async fn behind(
-    pool: &PgPool,
-    day: NaiveDate,
-    group: &str,
-) -> Result<Vec<Behind>, sqlx::Error> {
-    let rows: Vec<(String, i32, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT b.topic, b.kafka_partition, b.next_offset, a.next_offset
-         FROM retention_barriers b
-         LEFT JOIN archive_offsets a ON a.consumer_group = $2 AND a.topic = b.topic
-                                    AND a.kafka_partition = b.kafka_partition
-         WHERE b.day = $1 AND coalesce(a.next_offset, 0) < b.next_offset
-         ORDER BY b.topic, b.kafka_partition",
-    )
-    .bind(day)
-    .bind(group)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(topic, partition, barrier, archived)| Behind {
-            topic,
-            partition,
-            barrier,
-            archived,
-        })
-        .collect())
+    Ok(n)
 }
 
 /// The dates of request_log's day partitions, oldest first.
@@ -120,19 +75,32 @@ pub async fn drop_expired(
         if day >= horizon {
             break;
         }
-        if let ArchiveRule::Require { group } = archive {
-            record_barrier(pool, day).await?;
-            let behind = behind(pool, day, group).await?;
-            if !behind.is_empty() {
-                tracing::info!(%day, ?behind, "day is due but not archived yet; kept");
-                break;
-            }
-        }
         let mut tx = pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(schema::USAGE_LOCK)
             .execute(&mut *tx)
             .await?;
+        let in_queue = "FROM archive_queue
+             WHERE request_id >= request_log_bound($1) AND request_id < request_log_bound($1 + 1)";
+        match archive {
+            ArchiveRule::Require => {
+                let (waiting,): (i64,) = sqlx::query_as(&format!("SELECT count(*) {in_queue}"))
+                    .bind(day)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                if waiting > 0 {
+                    tx.rollback().await?;
+                    tracing::info!(%day, waiting, "day is due but not archived yet; kept");
+                    break;
+                }
+            }
+            ArchiveRule::Ignore => {
+                sqlx::query(&format!("DELETE {in_queue}"))
+                    .bind(day)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
         sqlx::query(
             "INSERT INTO request_log_retention (dropped_through) VALUES ($1)
              ON CONFLICT (singleton) DO UPDATE

@@ -34,5 +34,6 @@ pub fn usage_event(tenant: &str, n: i64) -> UsageEvent {
         replica_id: "r".into(),
         gateway_id: "g".into(),
         stream: false,
+        placement: None,
     }
 }

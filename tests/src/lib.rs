@@ -3,7 +3,8 @@
 //! Postgres and broker instances for the tests that crash them
 //! ([`stack::Private`]); Meterline's binaries started as real processes
 //! (and SIGKILLed when a test says so), the `engine` binary with a signed
-//! identity ([`engine`]); helpers to produce and count.
+//! identity ([`engine`]); helpers to produce and count; headless Chromium
+//! over WebDriver for billing-api's pages ([`browser`]).
 //!
 //! Tests find the shared Postgres through `DATABASE_URL` and the broker
 //! through `KAFKA_BROKERS` (`scripts/test.sh` brings the stack up and sets
@@ -12,6 +13,7 @@
 //! test binaries run in parallel.
 
 pub mod billing;
+pub mod browser;
 pub mod engine;
 pub mod events;
 pub mod process;

@@ -197,10 +197,20 @@ async fn reference_figures_overhead_and_off_peak_to_the_cent() {
             .sum();
         assert_eq!(dec(&inv["total"]), sum, "total is the sum of the lines");
     }
-    // Cost tools see the same figures.
+    // Cost metrics are not public: no token, or a wrong one, is a 401.
+    for token in [None, Some("not-the-metrics-token-0000")] {
+        let mut req = b.client.get(format!("{}/metrics", b.url));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), 401, "/metrics with {token:?}");
+    }
+    // Cost tools (with the token) see the same figures.
     let metrics = b
         .client
         .get(format!("{}/metrics", b.url))
+        .bearer_auth(tests::billing::METRICS_TOKEN)
         .send()
         .await
         .unwrap()
@@ -333,6 +343,75 @@ async fn finalized_invoices_never_change_and_late_usage_is_adjusted_next_month()
         .post("/v1/tenants/p1-team/invoices/2026-09/finalize")
         .await;
     assert_eq!(refinal["number"], 3);
+}
+
+#[tokio::test]
+async fn a_dedicated_pool_is_billed_to_its_owner_once_and_lent_hours_to_the_borrower() {
+    let b = start().await;
+    let hour = utc(2026, 9, 10, 18);
+    // The owner (priority 3: $2.00 per GPU-hour) ran 6 GPU-hours at P1 on
+    // its dedicated replicas; api-co borrowed them for 4 GPU-hours; the
+    // replicas reported 10 busy and 30 idle GPU-hours.
+    usage(&b.pool, "p1-team", 1, hour, 6).await;
+    usage(&b.pool, "api-co", 3, hour, 4).await;
+    sqlx::query(
+        "INSERT INTO dedicated_capacity_hourly (owner_id, model, hour, busy_gpu_seconds, idle_gpu_seconds)
+         VALUES ('p1-team', 'llama-3.1-70b', $1, 36000, 108000)",
+    )
+    .bind(hour)
+    .execute(&b.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO dedicated_usage_hourly (owner_id, tenant_id, model, priority, hour, requests,
+             prompt_tokens, cached_tokens, completion_tokens, gpu_seconds)
+         VALUES ('p1-team', 'p1-team', 'llama-3.1-70b', 1, $1, 1, 1000, 200, 500, 21600),
+                ('p1-team', 'api-co', 'llama-3.1-70b', 3, $1, 1, 1000, 200, 500, 14400)",
+    )
+    .bind(hour)
+    .execute(&b.pool)
+    .await
+    .unwrap();
+
+    let owner = b.json("/v1/tenants/p1-team/invoices/2026-09").await;
+    let amounts = |kind: &str| -> Vec<Decimal> {
+        lines_of(&owner, kind)
+            .iter()
+            .map(|l| dec(&l["amount"]))
+            .collect()
+    };
+    // Its usage is shown as always …
+    assert_eq!(amounts("usage"), vec![Decimal::new(600, 2)]);
+    assert_eq!(dec(&owner["subtotal"]), Decimal::new(600, 2));
+    // … the reservation is 40 GPU-hours whether used or not …
+    let reserved = lines_of(&owner, "reserved");
+    assert_eq!(reserved.len(), 1);
+    assert_eq!(dec(&reserved[0]["quantity"]), Decimal::from(40));
+    assert_eq!(dec(&reserved[0]["amount"]), Decimal::new(8_000, 2));
+    // … less its own usage there (not charged twice) and the borrowed hours.
+    assert_eq!(
+        amounts("credit"),
+        vec![Decimal::new(-600, 2), Decimal::new(-800, 2)]
+    );
+    assert_eq!(dec(&owner["reserved"]), Decimal::new(6_600, 2));
+    let sum: Decimal = owner["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| dec(&l["amount"]))
+        .sum();
+    assert_eq!(dec(&owner["total"]), sum);
+    assert_eq!(
+        dec(&owner["total"]) - dec(&owner["overhead"]),
+        Decimal::new(7_200, 2),
+        "6 used + 80 reserved - 6 covered - 8 lent"
+    );
+    // The borrower pays for its usage as usual, and nothing reserved.
+    let borrower = b.json("/v1/tenants/api-co/invoices/2026-09").await;
+    assert!(lines_of(&borrower, "reserved").is_empty());
+    assert!(lines_of(&borrower, "credit").is_empty());
+    assert!(borrower.get("reserved").is_none_or(|r| dec(r).is_zero()));
+    assert!(!lines_of(&borrower, "usage").is_empty());
 }
 
 #[tokio::test]
@@ -614,4 +693,115 @@ async fn every_endpoint_for_every_role() {
         .await
         .unwrap();
     assert_eq!(reads, 3, "the lead's three successful reads");
+}
+
+/// Finalize reads everything on the transaction that holds its lock: the
+/// five reference tenants (seeded by billing-api from config/tenants.yaml),
+/// each finalized 12 times at once — 60 concurrent finalizations on a pool
+/// of 8 — give one invoice per tenant, numbered 1 to 5 without gaps, and
+/// every call answers that same invoice.
+#[tokio::test]
+async fn finalizing_every_reference_tenant_concurrently_gives_one_invoice_each() {
+    let db = fresh_database("billing_concurrent").await;
+    let tenants_file = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tenants.yaml");
+    let api = tests::billing::start_billing_api_with(
+        &db.url,
+        FINANCE,
+        &[("BILLING_TENANTS_FILE", tenants_file.to_owned())],
+    )
+    .await;
+    let ids = [
+        "acme-corp",
+        "medai-labs",
+        "finserv-team",
+        "research-squad",
+        "codegen-platform",
+    ];
+    for (i, t) in ids.iter().enumerate() {
+        usage(
+            &db.pool,
+            t,
+            3,
+            utc(2026, 10, 10 + i as u32, 12),
+            2 + i as i64,
+        )
+        .await;
+    }
+    let client = Client::new();
+    let mut calls = Vec::new();
+    for round in 0..12 {
+        for t in ids {
+            let (client, url) = (client.clone(), api.url.clone());
+            calls.push(tokio::spawn(async move {
+                let res = client
+                    .post(format!("{url}/v1/tenants/{t}/invoices/2026-10/finalize"))
+                    .bearer_auth(FINANCE)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = res.status();
+                let body = res.text().await.unwrap();
+                assert_eq!(status, 200, "{t} round {round}: {body}");
+                let v: Value = serde_json::from_str(&body).unwrap();
+                (
+                    t,
+                    v["number"].as_i64().unwrap(),
+                    v["content_hash"].as_str().unwrap().to_owned(),
+                )
+            }));
+        }
+    }
+    let mut seen: std::collections::HashMap<&str, (i64, String)> = Default::default();
+    for c in calls {
+        let (t, number, hash) = c.await.unwrap();
+        let first = seen.entry(t).or_insert((number, hash.clone()));
+        assert_eq!(
+            *first,
+            (number, hash),
+            "{t} answered two different invoices"
+        );
+    }
+    let mut numbers: Vec<i64> = seen.values().map(|(n, _)| *n).collect();
+    numbers.sort();
+    assert_eq!(numbers, vec![1, 2, 3, 4, 5]);
+    let (stored,): (i64,) = sqlx::query_as("SELECT count(*) FROM invoices")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 5);
+    drop(api);
+}
+
+/// billing-api owns tenants: a tenants file with a bad time zone is refused
+/// at start-up, naming the tenant and the field, and nothing is written.
+#[tokio::test]
+async fn a_bad_time_zone_in_the_tenants_file_is_refused_naming_the_field() {
+    let db = fresh_database("billing_bad_zone").await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tenants.yaml");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../config/tenants.yaml"
+    ))
+    .unwrap()
+    .replacen("timeZone: Europe/Berlin", "timeZone: Europe/Atlantis", 1);
+    std::fs::write(&path, text).unwrap();
+    let out =
+        tokio::process::Command::new(devstack::process::workspace_bin("billing-api").unwrap())
+            .env("DATABASE_URL", &db.url)
+            .env("BILLING_ADDR", "127.0.0.1:0")
+            .env("BILLING_TENANTS_FILE", &path)
+            .output()
+            .await
+            .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started with a bad zone: {err}");
+    for needle in ["medai-labs", "timeZone", "Europe/Atlantis"] {
+        assert!(err.contains(needle), "{needle} not in: {err}");
+    }
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM tenants")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "nothing is written when one tenant is bad");
 }

@@ -3,7 +3,8 @@
 //! binary (what `scripts/demo.sh` runs) produces an ended month through the
 //! real pipeline, finalizes it and prints the invoices billing-api holds;
 //! a second run finds the month finalized, skips the backfill and prints
-//! the same invoices, unchanged.
+//! the same invoices, unchanged. The pages' URLs it prints come with a
+//! token per role that billing-api takes.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -62,6 +63,7 @@ async fn the_demo_finalizes_a_backfilled_month_once_and_prints_it_unchanged_agai
     let stack = TestStack::new("demo").await;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let addr = || format!("127.0.0.1:{}", free_port());
+    let billing_addr = addr();
     let demo = Demo {
         env: [
             ("METERLINE_ROOT", root.display().to_string()),
@@ -78,7 +80,7 @@ async fn the_demo_finalizes_a_backfilled_month_once_and_prints_it_unchanged_agai
                 stack.dir.path().join("archive").display().to_string(),
             ),
             ("GATEWAY_ADDR", addr()),
-            ("BILLING_ADDR", addr()),
+            ("BILLING_ADDR", billing_addr.clone()),
             ("INGEST_METRICS_ADDR", addr()),
             ("ARCHIVE_METRICS_ADDR", addr()),
             ("DEMO_BACKFILL_EVENTS", EVENTS.to_owned()),
@@ -126,6 +128,61 @@ async fn the_demo_finalizes_a_backfilled_month_once_and_prints_it_unchanged_agai
         EVENTS.parse::<i64>().unwrap(),
         "every backfilled event is billed once"
     );
+
+    // The demo ends with the pages' URLs and a working sign-in token per role.
+    let base = format!("http://{billing_addr}");
+    assert!(
+        first.contains(&format!("pages: open {base}/sign-in")),
+        "the pages' block:\n{first}"
+    );
+    let token_of = |who: &str| -> String {
+        first
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("  {who}: token ")))
+            .unwrap_or_else(|| panic!("no token for {who}:\n{first}"))
+            .trim()
+            .to_owned()
+    };
+    let http = reqwest::Client::new();
+    let status =
+        |token: String, path: &str| http.get(format!("{base}{path}")).bearer_auth(token).send();
+    for (who, path, expected) in [
+        ("finance", "/v1/tenants/medai-labs/shadow-bill", 200),
+        (
+            "team lead of acme-corp",
+            "/v1/tenants/acme-corp/shadow-bill",
+            200,
+        ),
+        (
+            "team lead of acme-corp",
+            "/v1/tenants/medai-labs/shadow-bill",
+            404,
+        ),
+        ("support", "/v1/tenants/acme-corp/shadow-bill", 403),
+    ] {
+        let got = status(token_of(who), path).await.unwrap().status();
+        assert_eq!(got.as_u16(), expected, "{who} on {path}");
+    }
+    let signed_in = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{base}/sign-in"))
+        .form(&[("token", token_of("support"))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        signed_in.status().as_u16(),
+        303,
+        "the printed token signs in"
+    );
+    for line in first.lines().filter(|l| l.starts_with("    http")) {
+        assert!(
+            line.trim_start().starts_with(&format!("{base}/pages/")),
+            "{line}"
+        );
+    }
 
     let (second, ok) = demo.run(&[]).await;
     assert!(ok, "the second demo run failed:\n{second}");

@@ -28,7 +28,7 @@ struct Running {
 }
 
 async fn start_all(stack: &TestStack) -> Running {
-    let tenants_file = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tenants.yaml");
+    tests::billing::apply_tenants(&stack.database_url, tests::billing::REFERENCE_TENANTS);
     let gw_port = free_port();
     let billing_port = free_port();
     let mut env = stack.env();
@@ -37,7 +37,6 @@ async fn start_all(stack: &TestStack) -> Running {
         "GATEWAY_OUTBOX".into(),
         stack.dir.path().join("outbox").display().to_string(),
     );
-    env.insert("GATEWAY_TENANTS_FILE".into(), tenants_file.into());
     env.insert("ENGINE_SPEEDUP".into(), "0".into());
     env.insert("BILLING_ADDR".into(), format!("127.0.0.1:{billing_port}"));
     env.insert(
@@ -198,6 +197,28 @@ async fn tokens_clients_were_told_are_exactly_what_is_billed() {
         assert_eq!(api_gpu, log_gpu, "{tenant}");
         assert!(api_gpu > Decimal::ZERO);
     }
+    // Ingest kept the per-key rollup in the same transactions: it equals
+    // request_log grouped by tenant, key, model, priority and hour, row for row.
+    let (differ, keyed): (i64, i64) = sqlx::query_as(
+        "WITH r AS (
+             SELECT tenant_id, api_key_id, model, priority,
+                    date_trunc('hour', started_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' AS hour,
+                    count(*) AS requests, sum(prompt_tokens) AS prompt, sum(cached_tokens) AS cached,
+                    sum(completion_tokens) AS completion, sum(gpu_seconds) AS gpu
+             FROM request_log GROUP BY 1, 2, 3, 4, 5)
+         SELECT count(*) FILTER (WHERE r.requests IS DISTINCT FROM k.requests
+                    OR r.prompt IS DISTINCT FROM k.prompt_tokens
+                    OR r.cached IS DISTINCT FROM k.cached_tokens
+                    OR r.completion IS DISTINCT FROM k.completion_tokens
+                    OR r.gpu IS DISTINCT FROM k.gpu_seconds),
+                count(k.requests)
+         FROM r FULL JOIN usage_key_hourly k USING (tenant_id, api_key_id, model, priority, hour)",
+    )
+    .fetch_one(&stack.pool)
+    .await
+    .unwrap();
+    assert_eq!(differ, 0, "usage_key_hourly disagrees with request_log");
+    assert!(keyed > 0);
     drop(running.billing);
 }
 
@@ -338,7 +359,7 @@ async fn team_lead_cannot_see_other_tenant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_sigkill_loses_no_answered_event() {
     let stack = TestStack::new("gwkill").await;
-    let tenants_file = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tenants.yaml");
+    tests::billing::apply_tenants(&stack.database_url, tests::billing::REFERENCE_TENANTS);
     let port = free_port();
     let mut env = stack.env();
     env.insert("GATEWAY_ADDR".into(), format!("127.0.0.1:{port}"));
@@ -346,7 +367,6 @@ async fn gateway_sigkill_loses_no_answered_event() {
         "GATEWAY_OUTBOX".into(),
         stack.dir.path().join("outbox").display().to_string(),
     );
-    env.insert("GATEWAY_TENANTS_FILE".into(), tenants_file.into());
     env.insert("ENGINE_SPEEDUP".into(), "0".into());
     // The broker is unreachable at first: every answered request's event can
     // only be in the outbox when the gateway is killed.
@@ -475,13 +495,8 @@ async fn gateway_sigkill_mid_traffic_bills_each_answered_request_once() {
     use std::sync::Arc;
 
     let stack = TestStack::new("gwkillmid").await;
-    let tenants_file = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/tenants.yaml");
-    let (mut gateway, url) = tests::gateway::start_gateway_with(
-        &stack,
-        0,
-        &[("GATEWAY_TENANTS_FILE", tenants_file.into())],
-    )
-    .await;
+    tests::billing::apply_tenants(&stack.database_url, tests::billing::REFERENCE_TENANTS);
+    let (mut gateway, url) = tests::gateway::start_gateway(&stack, 0).await;
     let ingest = tests::gateway::start_ingest(&stack);
     let stop = Arc::new(AtomicBool::new(false));
     let mut clients = Vec::new();

@@ -83,6 +83,17 @@ async fn wait_mode(url: &str, want: &str, within: Duration) -> Duration {
     }
 }
 
+/// A `seed` for which the simulated model answers a prompt of
+/// `prompt_tokens` with at least `at_least` tokens (answers are 16 to 600
+/// tokens, fixed by seed and prompt length), so a request meant to stay
+/// in flight does not end early on a fast or a slow machine.
+fn seed_for_long_answer(prompt_tokens: i64, at_least: u32) -> u64 {
+    let pt = u64::try_from(prompt_tokens).unwrap();
+    (0..10_000)
+        .find(|&s| engine::simulator::natural_output_tokens(s, pt) >= at_least)
+        .expect("a seed for a long answer")
+}
+
 /// What the client was told in a 200: (prompt, cached, completion).
 fn usage(v: &Value) -> (i64, i64, i64) {
     let u = &v["usage"];
@@ -181,6 +192,24 @@ async fn three_gateways_behind_nginx_admit_one_keys_limit_between_them() {
     for t in tasks {
         told += t.await.unwrap();
     }
+    // A lease a gateway did not spend is given back after a second; a
+    // burst that ends sooner may leave a few of the key's tokens in one
+    // gateway's lease. After that second, 30 more requests find them.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for _ in 0..30usize {
+        let res = client
+            .post(format!("{}/v1/chat/completions", nginx.url()))
+            .bearer_auth(KEY)
+            .json(&chat("llama-3.1-8b", "hello", 3))
+            .send()
+            .await
+            .unwrap();
+        match res.status().as_u16() {
+            200 => told += 1,
+            429 => {}
+            s => panic!("status {s}: {}", res.text().await.unwrap()),
+        }
+    }
     // What each gateway admitted, from its own metrics.
     let mut per_gateway = [0u32; 3];
     for (g, (_, url)) in gateways.iter().enumerate() {
@@ -235,17 +264,23 @@ async fn a_killed_gateways_concurrency_returns_and_nothing_it_answered_is_lost_o
     };
     // Answered by a before it dies: these must be billed, once.
     let mut told = Told::new();
+    let mut prompt_tokens = 0;
     for n in 0..3 {
         let res = send(&url_a, chat("llama-3.1-8b", &format!("short {n}"), 5))
             .await
             .unwrap();
         assert_eq!(res.status(), 200);
-        add(&mut told, "kill", usage(&res.json().await.unwrap()));
+        let told_now = usage(&res.json().await.unwrap());
+        prompt_tokens = told_now.0;
+        add(&mut told, "kill", told_now);
     }
-    // Three long streams hold the tenant's whole concurrency on a.
+    // Three long streams (500+ tokens each, about 10 s) hold the tenant's
+    // whole concurrency on a; "long n" is as long a prompt as "short n".
+    let seed = seed_for_long_answer(prompt_tokens, 500);
     let mut streams = Vec::new();
     for n in 0..3 {
         let mut body = chat("llama-3.1-70b", &format!("long {n}"), 4000);
+        body["seed"] = json!(seed);
         body["stream"] = json!(true);
         let mut res = send(&url_a, body).await.unwrap();
         assert_eq!(res.status(), 200);
@@ -256,7 +291,14 @@ async fn a_killed_gateways_concurrency_returns_and_nothing_it_answered_is_lost_o
     let refused = send(&url_b, chat("llama-3.1-8b", "while a holds all", 5))
         .await
         .unwrap();
-    assert_eq!(refused.status(), 429, "{}", refused.text().await.unwrap());
+    assert_eq!(
+        refused.status(),
+        429,
+        "{}\n--- gw-a:\n{}\n--- gw-b:\n{}",
+        refused.text().await.unwrap(),
+        a.log_tail(),
+        b.log_tail()
+    );
 
     a.kill9().await;
     let killed = Instant::now();
@@ -324,19 +366,39 @@ async fn idempotent_retries_across_gateways_kills_and_a_redis_restart_are_billed
     assert_eq!(retry.json::<Value>().await.unwrap(), first_body);
     ids.insert("order-1", id);
 
-    // A duplicate on b while a still runs it: 409.
-    let slow = chat("llama-3.1-70b", "order 2", 60);
-    let running = tokio::spawn(send(&url_a, "order-2", &slow));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A duplicate on b while a still runs it: 409. a's request is a
+    // stream, and its first chunk has arrived, so it is running there
+    // however slow or fast this machine is.
+    let prompt_tokens = usage(&first_body).0;
+    let mut slow = chat("llama-3.1-70b", "order 2", 600);
+    slow["seed"] = json!(seed_for_long_answer(prompt_tokens, 300));
+    slow["stream"] = json!(true);
+    slow["stream_options"] = json!({"include_usage": true});
+    let mut running = send(&url_a, "order-2", &slow).await.unwrap();
+    assert_eq!(running.status(), 200);
+    let running_id = running.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let first = tests::gateway::read_sse(&mut running, 1).await;
+    assert_eq!(first.len(), 1, "the stream started");
     let dup = send(&url_b, "order-2", &slow).await.unwrap();
-    assert_eq!(dup.status(), 409, "{}", dup.text().await.unwrap());
-    let done = running.await.unwrap().unwrap();
-    assert_eq!(done.status(), 200);
-    ids.insert(
-        "order-2",
-        done.headers()["x-request-id"].to_str().unwrap().to_owned(),
+    assert_eq!(
+        dup.status(),
+        409,
+        "{}\n--- gw-a:\n{}\n--- gw-b:\n{}",
+        dup.text().await.unwrap(),
+        a.log_tail(),
+        b.log_tail()
     );
-    add(&mut told, "idemx", usage(&done.json().await.unwrap()));
+    let rest = tests::gateway::chunks(&tests::gateway::read_sse(&mut running, usize::MAX).await);
+    let last = rest
+        .iter()
+        .rev()
+        .find(|c| !c["usage"].is_null())
+        .expect("a usage chunk");
+    ids.insert("order-2", running_id);
+    add(&mut told, "idemx", usage(last));
 
     // Answered by a, which is then SIGKILLed: b replays it from Redis.
     let body3 = chat("llama-3.1-8b", "order 3", 20);

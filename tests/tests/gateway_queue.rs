@@ -95,11 +95,14 @@ async fn a_full_replica_queues_and_a_freed_one_takes_the_next_in_line() {
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
     drop(held.pop());
+    // Its budget is 2 s: a 200 means it ran when room came, within it (a
+    // request still waiting at the end of its budget is answered 429).
     let (status, took, res) = waiting.await.unwrap();
-    assert_eq!(status, 200, "{}", gateway.log_tail());
-    assert!(
-        took < Duration::from_millis(1_900),
-        "ran when room came, after {took:?}"
+    assert_eq!(
+        status,
+        200,
+        "not run when room came (after {took:?}): {}",
+        gateway.log_tail()
     );
     held.push(res);
     let m = tests::gateway::metrics(&url).await;

@@ -111,8 +111,37 @@ async fn a_bad_slo_in_the_tenants_file_names_the_tenant_and_the_field() {
 ",
     )
     .unwrap();
+    let out = std::process::Command::new(tests::process::bin_dir().join("billing-api"))
+        .args(["tenants", "apply"])
+        .arg(&file)
+        .env("DATABASE_URL", &stack.database_url)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad-slo") && err.contains("slo") && err.contains("availability"),
+        "{err}"
+    );
+    let stored: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM tenants WHERE tenant_id = 'bad-slo'")
+            .fetch_one(&stack.pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, 0, "a refused file writes nothing");
+}
+
+/// The gateway no longer seeds tenants (billing-api owns them): a
+/// deployment that still sets `GATEWAY_TENANTS_FILE` is refused at start,
+/// naming the setting and where tenants are administered now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retired_gateway_tenants_file_setting_is_refused_naming_it() {
+    let stack = TestStack::new("gwseedgone").await;
     let mut env = stack.env();
-    env.insert("GATEWAY_TENANTS_FILE".into(), file.display().to_string());
+    env.insert(
+        "GATEWAY_TENANTS_FILE".into(),
+        tests::billing::REFERENCE_TENANTS.into(),
+    );
     env.insert(
         "GATEWAY_ADDR".into(),
         format!("127.0.0.1:{}", tests::process::free_port()),
@@ -130,7 +159,7 @@ async fn a_bad_slo_in_the_tenants_file_names_the_tenant_and_the_field() {
     assert!(!status.success());
     let log = gateway.log_text();
     assert!(
-        log.contains("bad-slo") && log.contains("slo.availability"),
+        log.contains("GATEWAY_TENANTS_FILE") && log.contains("billing-api tenants apply"),
         "{log}"
     );
 }

@@ -402,3 +402,113 @@ async fn two_gateways_in_front_of_one_replica_bill_its_busy_time_once() {
         "{own} vs {busy}"
     );
 }
+
+/// One model on two HTTP replicas (two `engine` processes): requests
+/// spread over both, each billed once on the replica that ran it; when
+/// one is SIGKILLed the requests it was running fail with an error and are
+/// billed for what the gateway could account, and new requests go to the
+/// replica left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_on_two_http_replicas_spreads_and_survives_one_dying() {
+    let stack = TestStack::new("gwhttppool").await;
+    seed_tenant(&stack, "remote", KEY, Default::default()).await;
+    let secret = tests::engine::random_secret();
+    let (mut a, a_url) = tests::engine::start_engine(stack.dir.path(), 20, &secret).await;
+    let (_b, b_url) = tests::engine::start_engine(stack.dir.path(), 20, &secret).await;
+    let upstreams = stack.dir.path().join("upstreams-pool.yaml");
+    let entry = |url: &str, id: &str| {
+        format!(
+            "  - model: {DERIVED}\n    url: {url}\n    gpus: 1\n    max_context: 131072\n    replica_id: {id}\n    identity_secret_env: {env}\n",
+            env = tests::engine::SECRET_ENV
+        )
+    };
+    std::fs::write(
+        &upstreams,
+        format!(
+            "upstreams:\n{}{}",
+            entry(&a_url, "http-a"),
+            entry(&b_url, "http-b")
+        ),
+    )
+    .unwrap();
+    let (gateway, url) = start_gateway_with(
+        &stack,
+        1,
+        &[
+            ("GATEWAY_UPSTREAMS", upstreams.display().to_string()),
+            (tests::engine::SECRET_ENV, secret.clone()),
+        ],
+    )
+    .await;
+    let ingest = start_ingest(&stack);
+    let client = reqwest::Client::new();
+    let chat = format!("{url}/v1/chat/completions");
+    let ask = |i: usize| {
+        let (client, chat) = (client.clone(), chat.clone());
+        async move {
+            let res = client
+                .post(&chat)
+                .bearer_auth(KEY)
+                .json(&json!({"model": DERIVED, "max_tokens": 24,
+                              "messages": [{"role": "user", "content": format!("pool {i}")}]}))
+                .send()
+                .await
+                .unwrap();
+            res.status().as_u16()
+        }
+    };
+    let first: Vec<u16> = join_all((0..40).map(ask)).await;
+    assert!(first.iter().all(|s| *s == 200), "{first:?}");
+    let rows = {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let rows = events(&stack, DERIVED).await;
+            if rows.len() >= 40 || tokio::time::Instant::now() > deadline {
+                break rows;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    assert_eq!(rows.len(), 40, "{}", ingest.log_tail());
+    let on = |id: &str| rows.values().filter(|r| r.3 == id).count();
+    assert!(
+        on("http-a") >= 5 && on("http-b") >= 5,
+        "both replicas take a share: a {}, b {}",
+        on("http-a"),
+        on("http-b")
+    );
+
+    // Replica a dies: new requests go to b (at most the first few meet the
+    // dead one and get an error, billed as such, before it leaves the pool).
+    a.kill9().await;
+    let after: Vec<u16> = join_all((40..60).map(ask)).await;
+    let failed = after.iter().filter(|s| **s != 200).count();
+    assert!(failed <= 2, "a dead replica leaves the pool: {after:?}");
+    let later: Vec<u16> = join_all((60..80).map(ask)).await;
+    assert!(
+        later.iter().all(|s| *s == 200),
+        "{later:?}\n{}",
+        gateway.log_tail()
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let rows = loop {
+        let rows = events(&stack, DERIVED).await;
+        if rows.len() >= 80 - failed || tokio::time::Instant::now() > deadline {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let new_on_a = rows
+        .values()
+        .filter(|r| r.3 == "http-a" && r.0 != "error")
+        .count();
+    assert_eq!(
+        new_on_a,
+        on("http-a"),
+        "nothing more completes on the dead replica"
+    );
+    assert!(
+        rows.len() >= 80 - failed,
+        "every answered request is billed once"
+    );
+}

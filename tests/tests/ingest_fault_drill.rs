@@ -181,7 +181,7 @@ async fn ingest_counts_every_event_once_through_kills_rebalances_and_restarts() 
             ),
             115..=119 => {
                 let mut v: serde_json::Value = serde_json::from_slice(&e.to_json()).unwrap();
-                v["schema_version"] = 2.into();
+                v["schema_version"] = 3.into();
                 v["request_id"] = RequestId::new().to_string().into();
                 bad(
                     &mut messages,

@@ -38,6 +38,7 @@ fn event(started_at: DateTime<Utc>, completion: i64) -> UsageEvent {
         replica_id: "r".into(),
         gateway_id: "g".into(),
         stream: false,
+        placement: None,
     }
 }
 
@@ -158,9 +159,8 @@ async fn expired_days_are_dropped_and_their_resends_are_not_counted_twice() {
     let counts = ingest(&pool, &[old.clone(), recent.clone()], 0).await;
     assert_eq!(counts.inserted, 2);
 
-    // No ingest offsets in this database (the batches above were applied
-    // directly), so the day's barrier is empty and the archive rule is met.
-    let dropped = rollup::retention::drop_expired(&pool, today, 30, &require_archive())
+    // No archiver here: the archive rule is not what this test is about.
+    let dropped = rollup::retention::drop_expired(&pool, today, 30, &ArchiveRule::Ignore)
         .await
         .unwrap();
     assert_eq!(dropped, vec![old_time.date_naive()]);
@@ -186,94 +186,53 @@ async fn expired_days_are_dropped_and_their_resends_are_not_counted_twice() {
 }
 
 fn require_archive() -> ArchiveRule {
-    ArchiveRule::Require {
-        group: "meterline-archiver".into(),
-    }
-}
-
-async fn set_archive_offset(pool: &PgPool, partition: i32, next: i64) {
-    sqlx::query(
-        "INSERT INTO archive_offsets (consumer_group, topic, kafka_partition, next_offset)
-         VALUES ('meterline-archiver', 'usage.events.v1', $1, $2)
-         ON CONFLICT (consumer_group, topic, kafka_partition) DO UPDATE SET next_offset = $2",
-    )
-    .bind(partition)
-    .bind(next)
-    .execute(pool)
-    .await
-    .unwrap();
+    ArchiveRule::Require
 }
 
 #[tokio::test]
-async fn a_due_day_is_kept_until_the_archive_passes_its_barrier() {
+async fn a_due_day_is_kept_until_the_archive_holds_it() {
     let db = setup("barrier").await;
     let pool = db.pool.clone();
     let today = Utc::now().date_naive();
     let old_time = (Utc::now() - TimeDelta::days(40))
         .duration_trunc(TimeDelta::milliseconds(1))
         .unwrap();
-    // Through ingest's own batch transaction, so consumer_offsets moves too:
-    // offsets 0..3 of partition 0.
-    let key = ingest::offsets::ConsumerKey {
-        group: "meterline-ingest".into(),
-        topic: "usage.events.v1".into(),
-    };
-    let msgs: Vec<RawMessage> = (0..3)
-        .map(|i| RawMessage {
-            decoded: None,
-            partition: 0,
-            offset: i,
-            payload: event(old_time + TimeDelta::seconds(i), 1).to_json(),
-        })
+    let events: Vec<_> = (0..3)
+        .map(|i| event(old_time + TimeDelta::seconds(i), 1))
         .collect();
-    let decoded = split(&msgs, Utc::now());
-    Partitions::default()
-        .ensure(&pool, decoded.firsts.iter().map(|c| &c.event))
-        .await
-        .unwrap();
-    let outcome = ingest::store::commit_batch(
-        &pool,
-        &key,
-        &std::collections::BTreeMap::from([(0, None)]),
-        decoded,
-        ingest::store::SynchronousCommit::On,
-    )
-    .await
-    .unwrap();
-    assert!(matches!(outcome, ingest::store::Outcome::Committed(_)));
+    ingest(&pool, &events, 0).await;
+    let day = old_time.date_naive();
 
-    // Due, but nothing archived: kept, and its barrier is ingest's offset.
+    // Due, but nothing archived: kept, its three requests queued.
     let dropped = rollup::retention::drop_expired(&pool, today, 30, &require_archive())
         .await
         .unwrap();
     assert!(dropped.is_empty());
-    let behind = rollup::retention::behind(&pool, old_time.date_naive(), "meterline-archiver")
-        .await
-        .unwrap();
-    assert_eq!(behind.len(), 1);
-    assert_eq!((behind[0].partition, behind[0].barrier), (0, 3));
+    assert_eq!(rollup::retention::queued(&pool, day).await.unwrap(), 3);
 
-    // Ingest moving on does not move the barrier; the archive one short of it is not enough.
-    sqlx::query("UPDATE consumer_offsets SET next_offset = 1000")
-        .execute(&pool)
+    // Two of three archived: still kept.
+    let dir = tempfile::tempdir().unwrap();
+    let store = archive::store::open(dir.path().to_str().unwrap()).unwrap();
+    archive::archiver::archive_batch(&pool, &store, 2, false)
         .await
         .unwrap();
-    set_archive_offset(&pool, 0, 2).await;
     let dropped = rollup::retention::drop_expired(&pool, today, 30, &require_archive())
         .await
         .unwrap();
     assert!(dropped.is_empty());
     assert_eq!(
         rollup::retention::partitions(&pool).await.unwrap(),
-        vec![old_time.date_naive()]
+        vec![day]
     );
 
-    // The archive reaches the barrier: dropped.
-    set_archive_offset(&pool, 0, 3).await;
+    // The archive holds the whole day: dropped.
+    archive::archiver::archive_batch(&pool, &store, 2, false)
+        .await
+        .unwrap();
     let dropped = rollup::retention::drop_expired(&pool, today, 30, &require_archive())
         .await
         .unwrap();
-    assert_eq!(dropped, vec![old_time.date_naive()]);
+    assert_eq!(dropped, vec![day]);
 }
 
 #[tokio::test]
@@ -302,6 +261,12 @@ async fn without_an_archiver_due_days_are_dropped_as_they_come() {
         .await
         .unwrap();
     assert_eq!(dropped, vec![old_time.date_naive()]);
+    // Nothing will ever archive the dropped day's ids: they leave the queue.
+    let (queued,): (i64,) = sqlx::query_as("SELECT count(*) FROM archive_queue")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(queued, 0);
 }
 
 #[tokio::test]

@@ -1,4 +1,6 @@
-//! The usage event, contract v1, exactly as it travels on the topic.
+//! The usage event, exactly as it travels on the topic: contract v2, which
+//! adds where and how the fleet ran the request ([`Placement`]), and v1,
+//! which readers keep accepting (a v1 event has no `placement`).
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
@@ -7,8 +9,12 @@ use sha2::{Digest, Sha256};
 
 use crate::RequestId;
 
-/// The only schema version this crate reads and writes.
-pub const SCHEMA_VERSION: u32 = 1;
+/// The schema version the gateway writes. Readers accept it and
+/// [`SCHEMA_V1`].
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The first contract: every field but `placement`.
+pub const SCHEMA_V1: u32 = 1;
 
 /// GPU time is exact to the microsecond: at most six decimal places.
 pub const GPU_SECONDS_SCALE: u32 = 6;
@@ -50,6 +56,28 @@ pub struct UsageEvent {
     pub replica_id: String,
     pub gateway_id: String,
     pub stream: bool,
+    /// What the fleet layer did with the request: required in v2, absent
+    /// in v1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+}
+
+/// Where and how the fleet ran a request (contract v2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Placement {
+    /// The replica pool that served it: the model's pool.
+    pub pool: String,
+    /// The tenant owning the replica it ran on, when that replica is
+    /// dedicated (the owner itself, or a borrower of a lent replica).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedicated_to: Option<String>,
+    /// How long it waited in the pool's fair queue before a replica took
+    /// it, in the engine's time (as `ttft_ms`).
+    pub queue_wait_ms: i64,
+    /// How often a replica preempted it (its thrown-away GPU time is
+    /// `preempted_gpu_seconds`).
+    pub preemptions: i64,
 }
 
 /// How a request ended.
@@ -101,7 +129,7 @@ impl UsageEvent {
 }
 
 /// Timestamps travel as RFC 3339 UTC with milliseconds: `2026-11-29T18:20:21.123Z`.
-mod millis {
+pub(crate) mod millis {
     use chrono::{DateTime, SecondsFormat, Utc};
     use serde::{Deserialize, Deserializer, Serializer};
 

@@ -7,9 +7,11 @@
 //!
 //! Layout:
 //! - [`request_id`]: `req_` + UUIDv7 ids, time-ordered, and the day they fall in
-//! - [`event`]: the v1 event, its serde form and its content hash
+//! - [`event`]: the event (v2, and v1 still read), its serde form and its content hash
 //! - [`validate`]: the rules an event must keep, each named
-//! - [`decode`]: bytes → validated event, or the violation that says why not
+//! - [`replica_report`]: a replica's busy and idle GPU time over an interval,
+//!   the topic's second record kind (idle and dedicated capacity for billing)
+//! - [`decode`]: bytes → validated record, or the violation that says why not
 //! - [`stored`]: a `request_log` row, and the one conversion from it back to
 //!   the event it was stored from (with feature `sqlx`, read by name)
 //!
@@ -18,12 +20,16 @@
 
 pub mod decode;
 pub mod event;
+pub mod replica_report;
 pub mod request_id;
 pub mod stored;
 pub mod validate;
 
-pub use decode::decode;
-pub use event::{FinishReason, UsageEvent, GPU_SECONDS_SCALE, SCHEMA_VERSION};
+pub use decode::{decode, decode_record, Record};
+pub use event::{
+    FinishReason, Placement, UsageEvent, GPU_SECONDS_SCALE, SCHEMA_V1, SCHEMA_VERSION,
+};
+pub use replica_report::ReplicaReport;
 pub use request_id::RequestId;
 pub use stored::{StoredRequest, StoredRequestError};
 pub use validate::Violation;

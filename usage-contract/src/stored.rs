@@ -17,7 +17,7 @@ use rust_decimal::Decimal;
 use uuid::Uuid;
 
 use crate::request_id::InvalidRequestId;
-use crate::{FinishReason, RequestId, UsageEvent, SCHEMA_VERSION};
+use crate::{FinishReason, Placement, RequestId, UsageEvent, SCHEMA_V1, SCHEMA_VERSION};
 
 /// One `request_log` row: the stored event's columns and its content hash.
 /// With feature `sqlx` it reads straight from a query selecting these
@@ -45,6 +45,11 @@ pub struct StoredRequest {
     pub replica_id: String,
     pub gateway_id: String,
     pub stream: bool,
+    /// The v2 placement's fields; all NULL on a row from a v1 event.
+    pub pool: Option<String>,
+    pub dedicated_to: Option<String>,
+    pub queue_wait_ms: Option<i64>,
+    pub preemptions: Option<i64>,
     /// SHA-256 of the event's canonical JSON ([`UsageEvent::content_hash`]).
     pub content_hash: Vec<u8>,
 }
@@ -69,12 +74,26 @@ pub enum StoredRequestError {
 impl StoredRequest {
     /// The contract event this row was stored from: the one whose canonical
     /// JSON has the stored content hash. Fails when the row holds something
-    /// no v1 event could have (a finish reason outside the contract, an id
+    /// no contract event could have (a finish reason outside the contract, an id
     /// that is not a UUIDv7) or when no event rebuilt from it has its hash
     /// (the row was not written from a contract event).
     pub fn to_event(&self) -> Result<UsageEvent, StoredRequestError> {
+        // A v2 event always has a placement, a v1 event never.
+        let placement = match (&self.pool, self.queue_wait_ms, self.preemptions) {
+            (Some(pool), Some(queue_wait_ms), Some(preemptions)) => Some(Placement {
+                pool: pool.clone(),
+                dedicated_to: self.dedicated_to.clone(),
+                queue_wait_ms,
+                preemptions,
+            }),
+            _ => None,
+        };
         let mut event = UsageEvent {
-            schema_version: SCHEMA_VERSION,
+            schema_version: if placement.is_some() {
+                SCHEMA_VERSION
+            } else {
+                SCHEMA_V1
+            },
             request_id: RequestId::from_uuid(self.request_id)?,
             tenant_id: self.tenant_id.clone(),
             api_key_id: self.api_key_id.clone(),
@@ -96,6 +115,7 @@ impl StoredRequest {
             replica_id: self.replica_id.clone(),
             gateway_id: self.gateway_id.clone(),
             stream: self.stream,
+            placement,
         };
         for gpu in scales(self.gpu_seconds) {
             for preempted in scales(self.preempted_gpu_seconds) {
@@ -174,6 +194,7 @@ mod tests {
             replica_id: "sim-0".into(),
             gateway_id: "gw-1".into(),
             stream: true,
+            placement: None,
         }
     }
 
@@ -205,8 +226,29 @@ mod tests {
             replica_id: e.replica_id.clone(),
             gateway_id: e.gateway_id.clone(),
             stream: e.stream,
+            pool: e.placement.as_ref().map(|p| p.pool.clone()),
+            dedicated_to: e.placement.as_ref().and_then(|p| p.dedicated_to.clone()),
+            queue_wait_ms: e.placement.as_ref().map(|p| p.queue_wait_ms),
+            preemptions: e.placement.as_ref().map(|p| p.preemptions),
             content_hash: e.content_hash().to_vec(),
         }
+    }
+
+    #[test]
+    fn a_v2_row_gives_back_its_placement_and_a_v1_row_none() {
+        let v1 = event(Decimal::new(5, 1), Decimal::ZERO);
+        assert_eq!(stored(&v1).to_event().unwrap(), v1);
+        let mut v2 = v1.clone();
+        v2.schema_version = crate::SCHEMA_VERSION;
+        v2.placement = Some(Placement {
+            pool: "llama-3.1-8b".into(),
+            dedicated_to: Some("acme-corp".into()),
+            queue_wait_ms: 12,
+            preemptions: 1,
+        });
+        let back = stored(&v2).to_event().unwrap();
+        assert_eq!(back, v2);
+        assert_eq!(back.to_json(), v2.to_json());
     }
 
     #[test]

@@ -1,10 +1,10 @@
-//! The rules a v1 event must keep. Each broken rule is a [`Violation`]
+//! The rules an event must keep (v1, and v2's `placement`). Each broken rule is a [`Violation`]
 //! with a stable code (stored in dead letters) and a message naming it.
 
 use chrono::{DateTime, Duration, Utc};
 use rust_decimal::Decimal;
 
-use crate::event::{UsageEvent, GPU_SECONDS_SCALE, SCHEMA_VERSION};
+use crate::event::{UsageEvent, GPU_SECONDS_SCALE, SCHEMA_V1, SCHEMA_VERSION};
 
 /// More tokens than any context window we know of by an order of magnitude.
 pub const MAX_TOKENS: i64 = 10_000_000;
@@ -13,6 +13,8 @@ pub const MAX_GPU_SECONDS: i64 = 8 * 86_400;
 /// How far in the future an event time may lie before it is rejected.
 pub const MAX_FUTURE: Duration = Duration::days(1);
 const MAX_PRIORITY: i16 = 5;
+/// Far more preemptions than one request could survive.
+pub const MAX_PREEMPTIONS: i64 = 1_000;
 const MAX_ID_LEN: usize = 200;
 
 /// Why an event was rejected.
@@ -20,7 +22,7 @@ const MAX_ID_LEN: usize = 200;
 pub enum Violation {
     #[error("message is not a JSON object: {0}")]
     Undecodable(String),
-    #[error("schema_version {0} is not supported (this reader knows version 1)")]
+    #[error("schema_version {0} is not supported (this reader knows versions 1 and 2)")]
     UnknownSchemaVersion(i64),
     #[error("missing field `{0}`")]
     MissingField(String),
@@ -84,8 +86,32 @@ impl UsageEvent {
     /// Checks every rule of contract v1 against the clock `now`; returns the
     /// first rule broken.
     pub fn validate(&self, now: DateTime<Utc>) -> Result<(), Violation> {
-        if self.schema_version != SCHEMA_VERSION {
-            return Err(Violation::UnknownSchemaVersion(self.schema_version.into()));
+        match (self.schema_version, &self.placement) {
+            (SCHEMA_V1, None) => {}
+            (SCHEMA_V1, Some(_)) => {
+                return Err(Violation::InvalidField(
+                    "placement is a schema_version 2 field; a version 1 event has none".into(),
+                ))
+            }
+            (SCHEMA_VERSION, None) => return Err(Violation::MissingField("placement".into())),
+            (SCHEMA_VERSION, Some(p)) => {
+                let owner = p.dedicated_to.as_ref();
+                for (field, value) in [
+                    ("placement.pool", Some(&p.pool)),
+                    ("placement.dedicated_to", owner),
+                ] {
+                    if let Some(value) = value {
+                        check_identifier(field, value)?;
+                    }
+                }
+                check_count(
+                    "placement.queue_wait_ms",
+                    p.queue_wait_ms,
+                    MAX_FUTURE.num_milliseconds(),
+                )?;
+                check_count("placement.preemptions", p.preemptions, MAX_PREEMPTIONS)?;
+            }
+            (other, _) => return Err(Violation::UnknownSchemaVersion(other.into())),
         }
         for (field, value) in [
             ("tenant_id", &self.tenant_id),
@@ -95,9 +121,7 @@ impl UsageEvent {
             ("replica_id", &self.replica_id),
             ("gateway_id", &self.gateway_id),
         ] {
-            if value.is_empty() || value.len() > MAX_ID_LEN || value.chars().any(char::is_control) {
-                return Err(Violation::BadIdentifier { field });
-            }
+            check_identifier(field, value)?;
         }
         if !(1..=MAX_PRIORITY).contains(&self.priority) {
             return Err(Violation::BadPriority(self.priority));
@@ -154,6 +178,13 @@ impl UsageEvent {
         }
         Ok(())
     }
+}
+
+pub(crate) fn check_identifier(field: &'static str, value: &str) -> Result<(), Violation> {
+    if value.is_empty() || value.len() > MAX_ID_LEN || value.chars().any(char::is_control) {
+        return Err(Violation::BadIdentifier { field });
+    }
+    Ok(())
 }
 
 fn check_count(field: &'static str, value: i64, limit: i64) -> Result<(), Violation> {

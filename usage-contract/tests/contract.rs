@@ -37,6 +37,7 @@ fn event() -> UsageEvent {
         replica_id: "r0".into(),
         gateway_id: "gw0".into(),
         stream: false,
+        placement: None,
     }
 }
 
@@ -101,13 +102,88 @@ fn undecodable_bytes() {
 #[test]
 fn unknown_schema_version() {
     assert_eq!(
-        code_of(with("schema_version", json!(2))),
+        code_of(with("schema_version", json!(3))),
         "unknown_schema_version"
     );
-    // A v2 event with fields v1 does not know is still "unknown version", not "malformed".
-    let mut v = with("schema_version", json!(2));
-    v["new_v2_field"] = json!(true);
+    // A v3 event with fields this reader does not know is still "unknown version", not "malformed".
+    let mut v = with("schema_version", json!(3));
+    v["new_v3_field"] = json!(true);
     assert_eq!(code_of(v), "unknown_schema_version");
+}
+
+fn v2() -> serde_json::Value {
+    let mut v = with("schema_version", json!(2));
+    v["placement"] = json!({"pool": "llama-3.1-70b", "dedicated_to": "acme-corp",
+                            "queue_wait_ms": 40, "preemptions": 1});
+    v
+}
+
+#[test]
+fn a_v2_event_with_its_placement_decodes_and_a_v1_event_still_does() {
+    let bytes = serde_json::to_vec(&v2()).unwrap();
+    let e = decode(&bytes, now()).unwrap();
+    let p = e.placement.clone().unwrap();
+    assert_eq!(
+        (p.pool.as_str(), p.dedicated_to.as_deref()),
+        ("llama-3.1-70b", Some("acme-corp"))
+    );
+    assert_eq!((p.queue_wait_ms, p.preemptions), (40, 1));
+    // Its canonical JSON is what it was decoded from (the hash covers the placement).
+    assert_eq!(decode(&e.to_json(), now()).unwrap(), e);
+    let v1 = event();
+    assert_eq!(decode(&v1.to_json(), now()).unwrap(), v1);
+}
+
+#[test]
+fn placement_belongs_to_v2_only_and_v2_requires_it() {
+    let mut v = v2();
+    v["schema_version"] = json!(1);
+    assert_eq!(code_of(v), "invalid_field");
+    let mut v = v2();
+    v.as_object_mut().unwrap().remove("placement");
+    assert_eq!(code_of(v), "missing_field");
+    let mut v = v2();
+    v["placement"]["queue_wait_ms"] = json!(-1);
+    assert_eq!(code_of(v), "negative_count");
+    let mut v = v2();
+    v["placement"]["pool"] = json!("");
+    assert_eq!(code_of(v), "bad_identifier");
+    let mut v = v2();
+    v["placement"]["replica_hint"] = json!("x");
+    assert_eq!(code_of(v), "invalid_field");
+}
+
+#[test]
+fn a_replica_report_is_its_own_record_kind() {
+    let report = json!({
+        "record": "replica_report", "report_version": 1,
+        "report_id": "gw-1/llama-3.1-70b-r0/1764669540000",
+        "replica_id": "llama-3.1-70b-r0", "model": "llama-3.1-70b", "reporter_id": "gw-1",
+        "gpus": 4, "interval_start": "2025-12-02T09:59:00.000Z",
+        "interval_end": "2025-12-02T10:00:00.000Z",
+        "busy_gpu_seconds": "200.000001", "idle_gpu_seconds": "39.999999"
+    });
+    let bytes = serde_json::to_vec(&report).unwrap();
+    match usage_contract::decode_record(&bytes, now()).unwrap() {
+        usage_contract::Record::Replica(r) => {
+            assert_eq!(
+                r.busy_gpu_seconds + r.idle_gpu_seconds,
+                rust_decimal::Decimal::from(240)
+            );
+            assert_eq!(r.dedicated_to, None);
+        }
+        other => panic!("a report decoded as {other:?}"),
+    }
+    // `decode` reads usage events only.
+    assert!(decode(&bytes, now()).is_err());
+    let mut bad = report.clone();
+    bad["busy_gpu_seconds"] = json!(200.5);
+    let err = usage_contract::decode_record(&serde_json::to_vec(&bad).unwrap(), now()).unwrap_err();
+    assert_eq!(
+        err.code(),
+        "invalid_field",
+        "a float is not GPU time: {err}"
+    );
 }
 
 #[test]

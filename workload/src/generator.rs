@@ -15,7 +15,7 @@ use engine::profile::StepCosts;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rust_decimal::Decimal;
-use usage_contract::{RequestId, UsageEvent, GPU_SECONDS_SCALE, SCHEMA_VERSION};
+use usage_contract::{RequestId, UsageEvent, GPU_SECONDS_SCALE, SCHEMA_V1};
 
 use crate::arrivals::{ms_to_time, Arrival, Arrivals};
 use crate::diurnal::Shape;
@@ -187,7 +187,7 @@ impl Generator {
         let started_at = ms_to_time(arrival.at_ms);
         let after = |ms: u64| started_at + TimeDelta::milliseconds(i64::try_from(ms).unwrap_or(0));
         let event = UsageEvent {
-            schema_version: SCHEMA_VERSION,
+            schema_version: SCHEMA_V1,
             request_id: request_id(self.salt, self.index, started_at),
             tenant_id: tenant.name.clone(),
             api_key_id: tenant.api_key_id.clone(),
@@ -208,6 +208,7 @@ impl Generator {
             replica_id: model.replica_id.clone(),
             gateway_id: GATEWAY_ID.into(),
             stream: f.stream,
+            placement: None,
         };
         if let Some(c) = self.tally.counts(arrival.tenant, share) {
             c.requests += 1;

@@ -53,7 +53,7 @@ async fn main() -> anyhow::Result<()> {
 async fn run(args: &Args, db: &Database) -> anyhow::Result<()> {
     let pool = db.pool.clone();
     let book = PriceBook::from_yaml(include_str!("../../../config/price-book.yaml"))?;
-    drafts::put_book(&pool, &book).await?;
+    billing_api::store::price_books::put(&mut *pool.acquire().await?, &book).await?;
     let started = Instant::now();
     sqlx::query(
         "INSERT INTO tenants (tenant_id, display_name, plan, priority, billing_mode, shadow, time_zone)
@@ -103,7 +103,7 @@ async fn run(args: &Args, db: &Database) -> anyhow::Result<()> {
                 .await?;
         scan.push(t.elapsed());
         let t = Instant::now();
-        let bodies = drafts::drafts(&pool, month, None).await?;
+        let bodies = drafts::drafts(&mut *pool.acquire().await?, month, None).await?;
         draft.push(t.elapsed());
         invoices = bodies.len();
         lines = bodies.iter().map(|b| b.lines.len()).sum();

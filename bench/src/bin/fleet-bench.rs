@@ -114,7 +114,7 @@ fn routing(ops: u64) -> (f64, f64) {
             // A snapshot arrives: that replica's KV back to a steady level.
             pool.observe((i / 12 % 12) as usize, 40 * GIB);
         }
-        black_box(pool.route(&placement, &mut rng));
+        let _ = black_box(pool.route(&placement, &mut rng));
     }
     let p2c = started.elapsed().as_nanos() as f64 / ops as f64;
     let started = Instant::now();

@@ -212,14 +212,18 @@ async fn serve_streams(streams: usize, db: &Database) -> anyhow::Result<String> 
 "
         ),
     )?;
+    // billing-api owns the tenants; the gateway only reads them.
+    let seed = billing_api::tenant_admin::load("tenants.yaml", &tenants)?;
+    let pool = schema::connect(&db.url, 2, Duration::from_secs(30)).await?;
+    billing_api::tenant_admin::apply(&pool, &seed).await?;
+    pool.close().await;
     let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-    let env: [(&str, String); 9] = [
+    let env: [(&str, String); 8] = [
         ("DATABASE_URL", db.url.clone()),
         ("KAFKA_BROKERS", brokers),
         ("GATEWAY_TOPIC", topic.name.clone()),
         ("GATEWAY_ADDR", addr.to_string()),
         ("GATEWAY_OUTBOX", dir.join("outbox").display().to_string()),
-        ("GATEWAY_TENANTS_FILE", tenants.display().to_string()),
         ("GATEWAY_GLOBAL_RPS", "0".into()),
         ("ENGINE_SPEEDUP", "1".into()),
         ("RUST_LOG", "warn".into()),

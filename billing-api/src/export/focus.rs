@@ -37,11 +37,11 @@ use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use chrono::{DateTime, SecondsFormat, Utc};
 use rust_decimal::Decimal;
 
-use crate::drafts::Tenant;
 use crate::error::BillingError;
 use crate::invoice::{Invoice, Status};
 use crate::period::{parse_zone, Month};
 use crate::rating::{Line, LineKind};
+use crate::tenant::Tenant;
 
 use super::csv_text::{csv_error, finish};
 
@@ -232,7 +232,9 @@ fn focus_rows<'a>(
         for l in &inv.body.lines {
             let (category, class) = match l.kind {
                 LineKind::Usage | LineKind::Overhead => ("Usage", None),
-                LineKind::Discount => ("Credit", None),
+                LineKind::Discount | LineKind::Credit => ("Credit", None),
+                // A dedicated pool, billed whether used or not.
+                LineKind::Reserved => ("Usage", None),
                 // Late usage for a month already invoiced.
                 LineKind::Adjustment => ("Adjustment", Some("Correction")),
             };
@@ -252,7 +254,7 @@ fn focus_rows<'a>(
                 category,
                 class,
                 description: &l.description,
-                frequency: if l.kind == LineKind::Overhead {
+                frequency: if matches!(l.kind, LineKind::Overhead | LineKind::Reserved) {
                     "Recurring"
                 } else {
                     "Usage-Based"
@@ -290,7 +292,7 @@ fn invoice_id(inv: &Invoice) -> String {
 
 fn pricing(l: &Line) -> Option<Pricing> {
     match l.kind {
-        LineKind::Usage => Some(Pricing {
+        LineKind::Usage | LineKind::Reserved => Some(Pricing {
             list_unit_price: l.unit_price,
             quantity: (l.quantity / Decimal::from(l.per.max(1))).normalize(),
             unit: pricing_unit(&l.unit, l.per),
@@ -305,7 +307,7 @@ fn pricing(l: &Line) -> Option<Pricing> {
             consumed_quantity: Decimal::ONE,
             consumed_unit: "Month",
         }),
-        LineKind::Discount | LineKind::Adjustment => None,
+        LineKind::Discount | LineKind::Adjustment | LineKind::Credit => None,
     }
 }
 
@@ -319,7 +321,14 @@ fn sku(l: &Line, price_book: &str) -> Option<Sku> {
             sku_meter(&l.unit),
         ),
         LineKind::Overhead => ("overhead".to_owned(), "Shared Overhead"),
-        LineKind::Discount | LineKind::Adjustment => return None,
+        LineKind::Reserved => (
+            match (&l.model, l.priority) {
+                (Some(m), Some(p)) => format!("{m}:reserved_gpu_hours:P{p}"),
+                _ => "reserved_gpu_hours".to_owned(),
+            },
+            "Reserved GPU Hours",
+        ),
+        LineKind::Discount | LineKind::Adjustment | LineKind::Credit => return None,
     };
     Some(Sku {
         price_id: format!("{id}@{price_book}"),
@@ -501,6 +510,7 @@ mod tests {
             billing_mode: mode,
             shadow,
             time_zone: tz,
+            priority: 3,
         }
     }
 

@@ -72,5 +72,7 @@ fn kind(k: LineKind) -> &'static str {
         LineKind::Discount => "discount",
         LineKind::Overhead => "overhead",
         LineKind::Adjustment => "adjustment",
+        LineKind::Reserved => "reserved",
+        LineKind::Credit => "credit",
     }
 }

@@ -56,6 +56,11 @@ pub enum LineKind {
     Discount,
     Overhead,
     Adjustment,
+    /// A dedicated pool's GPU-hours, billed to its owner whether used or not.
+    Reserved,
+    /// Taken off a reservation: the owner's own usage on it, and what
+    /// other tenants borrowed (billed to them).
+    Credit,
 }
 
 /// One invoice line.

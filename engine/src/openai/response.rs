@@ -158,6 +158,12 @@ pub struct Meterline {
     pub model_version: Option<String>,
     #[serde(default)]
     pub replica_id: Option<String>,
+    /// How often the replica preempted the request.
+    #[serde(default)]
+    pub preemptions: u32,
+    /// The owner of the replica, when it is dedicated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedicated_to: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -171,6 +177,8 @@ impl Meterline {
             preempted_gpu_seconds: done.preempted_gpu_seconds,
             model_version: Some(done.model_version.clone()),
             replica_id: Some(done.replica_id.clone()),
+            preemptions: done.preemptions,
+            dedicated_to: done.dedicated_to.clone(),
             ttft_ms: Some(done.ttft.as_millis() as u64),
             total_ms: Some(done.total.as_millis() as u64),
         }
@@ -327,7 +335,9 @@ mod tests {
             total: std::time::Duration::ZERO,
             gpu_seconds: Decimal::ZERO,
             preempted_gpu_seconds: Decimal::ZERO,
+            preemptions: 0,
             replica_id: "r".into(),
+            dedicated_to: None,
         };
         let stream = |include_usage| ChunkStream {
             id: "c".into(),

@@ -56,9 +56,36 @@ pub struct HttpUpstream {
     /// Set when several gateways front this replica (see [`SharedLedger`]).
     pub shared: Option<Arc<dyn SharedLedger>>,
     pub occupancy: Arc<Occupancy>,
+    /// Until when (ms since the Unix epoch) the replica is out of its
+    /// pool: it could not be reached.
+    down_until_ms: std::sync::atomic::AtomicU64,
+}
+
+/// How long a replica that could not be reached stays out of its pool.
+pub const DOWN_FOR: Duration = Duration::from_secs(5);
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl HttpUpstream {
+    /// Whether the replica is out of its pool (it could not be reached in
+    /// the last [`DOWN_FOR`]).
+    pub fn is_down(&self) -> bool {
+        self.down_until_ms
+            .load(std::sync::atomic::Ordering::Acquire)
+            > now_ms()
+    }
+
+    fn mark_down(&self) {
+        self.down_until_ms.store(
+            now_ms() + DOWN_FOR.as_millis() as u64,
+            std::sync::atomic::Ordering::Release,
+        );
+    }
+
     pub fn new(config: RemoteModel) -> Result<Self, EngineError> {
         let bad =
             |detail: String| EngineError::Config(format!("upstream {:?}: {detail}", config.model));
@@ -110,6 +137,7 @@ impl HttpUpstream {
             ledger: Arc::new(Ledger::new(config.gpus)),
             shared: None,
             occupancy,
+            down_until_ms: std::sync::atomic::AtomicU64::new(0),
             api_key,
             signer,
             client,
@@ -217,10 +245,14 @@ impl HttpUpstream {
             model: c.model.clone(),
             detail,
         };
-        let response = request
-            .send()
-            .await
-            .map_err(|e| upstream_error(format!("{}: {e}", self.url)))?;
+        let response = request.send().await.map_err(|e| {
+            if e.is_connect() {
+                // Nothing reached it: out of the pool for a while, and the
+                // request may go to another replica.
+                self.mark_down();
+            }
+            upstream_error(format!("{}: {e}", self.url))
+        })?;
         let status = response.status();
         if !status.is_success() {
             let text = response.text().await.unwrap_or_default();
@@ -424,10 +456,16 @@ impl HttpGeneration {
         let local = self.share.take().map_or(0, Share::finish);
         let derived = to_gpu_seconds(shared.unwrap_or(local));
         let now = Instant::now();
-        let (gpu_seconds, preempted) = match (&self.reported, self.gpu_time) {
-            (Some(r), GpuTime::Auto) => (r.gpu_seconds, r.preempted_gpu_seconds),
-            _ => (derived, Decimal::ZERO),
-        };
+        let (gpu_seconds, preempted, preemptions, dedicated_to) =
+            match (&self.reported, self.gpu_time) {
+                (Some(r), GpuTime::Auto) => (
+                    r.gpu_seconds,
+                    r.preempted_gpu_seconds,
+                    r.preemptions,
+                    r.dedicated_to.clone(),
+                ),
+                _ => (derived, Decimal::ZERO, 0, None),
+            };
         let reported = self.reported.take();
         let usage = self.usage.take();
         let n = &self.names;
@@ -455,6 +493,8 @@ impl HttpGeneration {
             total: now - self.started,
             gpu_seconds,
             preempted_gpu_seconds: preempted,
+            preemptions,
+            dedicated_to,
         }
     }
 }

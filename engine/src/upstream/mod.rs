@@ -31,6 +31,15 @@
 //! default: strict OpenAI-compatible servers reject unknown fields) a
 //! client's `cache_salt` is removed.
 //!
+//! A model may be listed several times, once per replica (each its own
+//! `url` and `replica_id`; the model's `max_context`, `upstream_model` and
+//! `model_version` the same): a request goes to the better of two replicas
+//! drawn at random — fewer KV basis points in use by its last poll, then
+//! fewer requests in flight from this gateway — and, when that one is busy
+//! for its class or cannot be reached, to the others in the same order. A
+//! replica that cannot be reached leaves the pool for
+//! [`DOWN_FOR`](http::DOWN_FOR) and is tried again after.
+//!
 //! - [`ledger`]: GPU time from wall time × in-flight token share, exactly
 //! - [`http`]: the HTTP client side of one upstream replica
 //! - [`occupancy`]: the upstream's KV usage, polled, for admission by class
@@ -155,11 +164,30 @@ pub fn load(path: &Path) -> Result<Vec<RemoteModel>, EngineError> {
     for (i, m) in file.upstreams.iter().enumerate() {
         m.validate()
             .map_err(|e| bad(format!("upstreams[{i}] ({:?}): {e}", m.model)))?;
-        if file.upstreams[..i].iter().any(|o| o.model == m.model) {
-            return Err(bad(format!(
-                "upstreams[{i}]: model {:?} is listed twice",
-                m.model
-            )));
+        for o in file.upstreams[..i].iter().filter(|o| o.model == m.model) {
+            // Replicas of one model: each its own, the model's figures the same.
+            let differ = if o.replica() == m.replica() {
+                Some("replica (replica_id, or url without one)")
+            } else if o.max_context != m.max_context {
+                Some("max_context")
+            } else if o.upstream_model != m.upstream_model {
+                Some("upstream_model")
+            } else if o.model_version != m.model_version {
+                Some("model_version")
+            } else {
+                None
+            };
+            if let Some(field) = differ {
+                return Err(bad(format!(
+                    "upstreams[{i}]: model {:?} is listed again with {}",
+                    m.model,
+                    if field.starts_with("replica") {
+                        format!("the same {field}")
+                    } else {
+                        format!("another {field}; the replicas of one model must agree on it")
+                    }
+                )));
+            }
         }
     }
     Ok(file.upstreams)
@@ -210,14 +238,19 @@ impl Upstreams {
             .collect::<Result<Vec<_>, _>>()?;
         let mut models = Self::simulated(simulator.clone()).models;
         models.retain(|m| !remote.iter().any(|r| r.config.model == m.name));
-        models.extend(remote.iter().map(|r| ModelInfo {
-            name: r.config.model.clone(),
-            version: r.config.version().to_owned(),
-            max_context: r.config.max_context,
-            gpus: r.config.gpus,
-            replica_id: r.config.replica().to_owned(),
-            remote: true,
-        }));
+        for r in &remote {
+            if models.iter().any(|m| m.name == r.config.model) {
+                continue;
+            }
+            models.push(ModelInfo {
+                name: r.config.model.clone(),
+                version: r.config.version().to_owned(),
+                max_context: r.config.max_context,
+                gpus: r.config.gpus,
+                replica_id: r.config.replica().to_owned(),
+                remote: true,
+            });
+        }
         Ok(Self {
             simulator,
             remote,
@@ -269,14 +302,27 @@ impl Upstreams {
         req: &CompletionRequest,
         stream: bool,
     ) -> Result<Generation, EngineError> {
-        match self.remote.iter().find(|r| r.config.model == req.model) {
-            Some(upstream) => Ok(Generation::Http(Box::new(
-                upstream.start(req, stream).await?,
-            ))),
-            None => Ok(Generation::Simulated(
+        let replicas: Vec<&Arc<HttpUpstream>> = self
+            .remote
+            .iter()
+            .filter(|r| r.config.model == req.model)
+            .collect();
+        if replicas.is_empty() {
+            return Ok(Generation::Simulated(
                 self.simulator.start(req, stream).await?,
-            )),
+            ));
         }
+        let mut last = None;
+        for upstream in route(&replicas, req.class.threshold_percent(), rand::random()) {
+            match upstream.start(req, stream).await {
+                Ok(g) => return Ok(Generation::Http(Box::new(g))),
+                // Busy for its class, or not reached: the next replica.
+                Err(e @ EngineError::UpstreamBusy { .. }) => last = Some(e),
+                Err(e) if upstream.is_down() => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| EngineError::UnknownModel(req.model.clone())))
     }
 
     /// GPU time of a request whose engine could not say (it failed
@@ -291,6 +337,39 @@ impl Upstreams {
     }
 }
 
+/// The order to try a model's HTTP replicas in: the better of two drawn
+/// by `draw` first (power of two choices), then the rest, best first.
+/// Better: in the pool (not down), admitting the class by its last KV poll,
+/// fewer KV basis points in use, fewer requests in flight.
+fn route<'a>(
+    replicas: &[&'a Arc<HttpUpstream>],
+    threshold_percent: u64,
+    draw: u64,
+) -> Vec<&'a Arc<HttpUpstream>> {
+    let score = |u: &HttpUpstream| {
+        (
+            u.is_down(),
+            !u.occupancy.admits(threshold_percent),
+            u.occupancy.basis_points().unwrap_or(0),
+            u.ledger.in_flight(),
+        )
+    };
+    let mut order: Vec<&Arc<HttpUpstream>> = replicas.to_vec();
+    let n = order.len();
+    if n >= 2 {
+        let a = (draw % n as u64) as usize;
+        let b = (a + 1 + ((draw >> 32) % (n as u64 - 1)) as usize) % n;
+        let first = if score(order[b]) < score(order[a]) {
+            b
+        } else {
+            a
+        };
+        order.swap(0, first);
+        order[1..].sort_by_key(|u| score(u));
+    }
+    order
+}
+
 /// A request running on whichever engine serves its model.
 pub enum Generation {
     Simulated(simulator::Generation),
@@ -298,6 +377,24 @@ pub enum Generation {
 }
 
 impl Generation {
+    /// The simulated replica running it (an HTTP upstream's is known only
+    /// from its answer).
+    pub fn replica_id(&self) -> Option<&str> {
+        match self {
+            Self::Simulated(g) => Some(g.replica_id()),
+            Self::Http(_) => None,
+        }
+    }
+
+    /// The tenant the simulated replica running it is dedicated to, if any
+    /// (HTTP upstreams have no dedicated replicas).
+    pub fn dedicated_to(&self) -> Option<&str> {
+        match self {
+            Self::Simulated(g) => g.dedicated_to(),
+            Self::Http(_) => None,
+        }
+    }
+
     pub async fn next(&mut self) -> Result<Piece, EngineError> {
         match self {
             Self::Simulated(g) => g.next().await,
@@ -317,6 +414,79 @@ impl Generation {
         match self {
             Self::Simulated(g) => g.cancel().await,
             Self::Http(g) => Ok(g.cancel().await),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use super::*;
+
+    fn file(body: &str) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "meterline-upstreams-{}-{}.yaml",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::write(&path, body).unwrap();
+        path
+    }
+
+    const TWO: &str = "upstreams:
+  - {model: m, url: 'http://127.0.0.1:1', gpus: 1, max_context: 1000, replica_id: a}
+  - {model: m, url: 'http://127.0.0.1:2', gpus: 1, max_context: 1000, replica_id: b}
+";
+
+    #[test]
+    fn a_model_may_be_listed_once_per_replica() {
+        let path = file(TWO);
+        let models = load(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        assert_eq!(models.len(), 2);
+        let ups = Upstreams::new(Arc::new(Simulator::new(Vec::new(), 0)), models).unwrap();
+        assert_eq!(ups.models().iter().filter(|m| m.name == "m").count(), 1);
+        assert_eq!(ups.remote().len(), 2);
+    }
+
+    #[test]
+    fn replicas_that_repeat_or_disagree_are_refused_naming_the_field() {
+        for (body, needle) in [
+            (
+                TWO.replace("replica_id: b", "replica_id: a"),
+                "the same replica",
+            ),
+            (
+                TWO.replace(
+                    "max_context: 1000, replica_id: b",
+                    "max_context: 2000, replica_id: b",
+                ),
+                "another max_context",
+            ),
+        ] {
+            let path = file(&body);
+            let err = load(&path).unwrap_err().to_string();
+            std::fs::remove_file(&path).ok();
+            assert!(
+                err.contains("upstreams[1]") && err.contains(needle),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn of_two_replicas_the_one_with_fewer_in_flight_goes_first() {
+        let path = file(TWO);
+        let models = load(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        let ups = Upstreams::new(Arc::new(Simulator::new(Vec::new(), 0)), models).unwrap();
+        let replicas: Vec<&Arc<HttpUpstream>> = ups.remote().iter().collect();
+        let _busy = replicas[0].ledger.join(100);
+        for draw in 0..8 {
+            let order = route(&replicas, 60, draw);
+            assert_eq!(order[0].config.replica(), "b", "fewer in flight wins");
+            assert_eq!(order.len(), 2);
         }
     }
 }

@@ -4,41 +4,43 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use chrono::TimeDelta;
 use clap::Args;
 
 use crate::error::IngestError;
 
 #[derive(Debug, Clone, Args)]
 pub struct ArchiverConfig {
-    /// Postgres URL (the manifest and the archive offsets live there).
+    /// Postgres URL (request_log, the archive queue and the manifest).
     #[arg(
         long,
         env = "DATABASE_URL",
         default_value = "postgres://postgres@127.0.0.1:5432/meterline"
     )]
     pub database_url: String,
-    /// Kafka bootstrap servers, comma-separated.
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    pub kafka_brokers: String,
-    /// Topic carrying usage events.
-    #[arg(long, env = "ARCHIVE_TOPIC", default_value = usage_contract::TOPIC)]
-    pub topic: String,
-    /// The archiver's own consumer group; its offsets are kept in Postgres
-    /// (`archive_offsets`), apart from ingest's.
-    #[arg(long, env = "ARCHIVE_GROUP", default_value = "meterline-archiver")]
-    pub group: String,
-    /// Where the Parquet files go: a directory path or a `file://` URL.
+    /// Where the Parquet files go: a directory, `file:///…`, or
+    /// `s3://bucket/prefix` (credentials, region and endpoint from the
+    /// usual `AWS_*` variables).
     #[arg(long, env = "ARCHIVE_URL", default_value = ".stack/archive")]
     pub url: String,
-    /// Write a batch at this many messages.
+    /// At most this many rows per batch.
     #[arg(long, env = "ARCHIVE_MAX_BATCH", default_value_t = 100_000)]
     pub max_batch: usize,
-    /// Write a batch at this many bytes of message payload.
-    #[arg(long, env = "ARCHIVE_MAX_BYTES", default_value_t = 64 * 1024 * 1024)]
-    pub max_bytes: usize,
-    /// Write a batch when its first message has waited this many milliseconds.
-    #[arg(long, env = "ARCHIVE_LINGER_MS", default_value_t = 60_000)]
+    /// After a batch that did not fill (or an empty queue), wait this many
+    /// milliseconds before reading the queue again.
+    #[arg(long, env = "ARCHIVE_LINGER_MS", default_value_t = 10_000)]
     pub linger_ms: u64,
+    /// Compact closed hours and collect garbage every this many seconds (0: never).
+    #[arg(long, env = "ARCHIVE_COMPACT_EVERY_SECS", default_value_t = 300)]
+    pub compact_every_secs: u64,
+    /// An hour (of request-id time) is compacted once its end is this many
+    /// seconds old.
+    #[arg(long, env = "ARCHIVE_COMPACT_SETTLE_SECS", default_value_t = 3600)]
+    pub compact_settle_secs: u64,
+    /// Retired files and orphans are deleted this many seconds after they
+    /// stopped being needed (longer than any reader's read).
+    #[arg(long, env = "ARCHIVE_GC_GRACE_SECS", default_value_t = 86_400)]
+    pub gc_grace_secs: u64,
     /// Where `/metrics` is served.
     #[arg(long, env = "ARCHIVE_METRICS_ADDR", default_value = "127.0.0.1:9102")]
     pub metrics_addr: SocketAddr,
@@ -51,6 +53,15 @@ pub struct ArchiverConfig {
         hide = true
     )]
     pub crash_after_write: u64,
+    /// Fault tests only: abort right after writing the merged files of the
+    /// Nth compaction, before its swap (0: never).
+    #[arg(
+        long,
+        env = "ARCHIVE_TEST_CRASH_IN_COMPACTION",
+        default_value_t = 0,
+        hide = true
+    )]
+    pub crash_in_compaction: u64,
 }
 
 impl ArchiverConfig {
@@ -61,44 +72,41 @@ impl ArchiverConfig {
                 self.max_batch
             )));
         }
-        if !(1024..=1 << 30).contains(&self.max_bytes) {
-            return Err(IngestError::Config(format!(
-                "ARCHIVE_MAX_BYTES must be between 1024 and 1073741824, got {}",
-                self.max_bytes
-            )));
-        }
         if !(1..=3_600_000).contains(&self.linger_ms) {
             return Err(IngestError::Config(format!(
                 "ARCHIVE_LINGER_MS must be between 1 and 3600000, got {}",
                 self.linger_ms
             )));
         }
-        if self.kafka_brokers.trim().is_empty() {
-            return Err(IngestError::Config("KAFKA_BROKERS is empty".into()));
-        }
-        if self.topic.trim().is_empty() {
-            return Err(IngestError::Config("ARCHIVE_TOPIC is empty".into()));
-        }
-        if self.group.trim().is_empty() {
-            return Err(IngestError::Config("ARCHIVE_GROUP is empty".into()));
-        }
-        // A topic name ends up in file names: keep it to Kafka's own alphabet.
-        if !self
-            .topic
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-        {
+        if self.compact_settle_secs > 30 * 86_400 {
             return Err(IngestError::Config(format!(
-                "ARCHIVE_TOPIC {:?} holds characters Kafka topic names cannot",
-                self.topic
+                "ARCHIVE_COMPACT_SETTLE_SECS must be at most 2592000, got {}",
+                self.compact_settle_secs
             )));
         }
-        crate::archive::store::local_root(&self.url)?;
+        if self.gc_grace_secs > 365 * 86_400 {
+            return Err(IngestError::Config(format!(
+                "ARCHIVE_GC_GRACE_SECS must be at most 31536000, got {}",
+                self.gc_grace_secs
+            )));
+        }
+        archive::store::location(&self.url).map_err(|e| IngestError::Config(e.to_string()))?;
         schema::parse_url(&self.database_url)?;
         Ok(())
     }
 
     pub fn linger(&self) -> Duration {
         Duration::from_millis(self.linger_ms)
+    }
+
+    pub fn grace(&self) -> TimeDelta {
+        TimeDelta::seconds(self.gc_grace_secs as i64)
+    }
+
+    pub fn policy(&self) -> archive::compact::Policy {
+        archive::compact::Policy {
+            settle: TimeDelta::seconds(self.compact_settle_secs as i64),
+            ..archive::compact::Policy::default()
+        }
     }
 }

@@ -1,16 +1,12 @@
-//! The Parquet archive of the usage topic: every valid event, as it came,
-//! one file per (batch, partition, UTC hour), listed in a manifest
-//! in Postgres. See [`plan`] for how a batch is cut and what is archived,
-//! [`manifest`] for when a file becomes visible.
+//! The archiver process (`archiver` binary): it archives what ingest
+//! committed. Rows enter `archive_queue` with their request_log insert; the
+//! archiver writes them to Parquet, one file per batch and UTC hour of
+//! their request ids, lists the files and takes the ids off the queue in
+//! one transaction (the `archive` crate), compacts closed hours and
+//! collects retired files and orphans after their grace period.
 
-pub mod archiver;
 pub mod config;
-pub mod manifest;
-pub mod plan;
 pub mod service;
-pub mod store;
 pub mod telemetry;
-pub mod verify;
-pub mod writer;
 
 pub use config::ArchiverConfig;

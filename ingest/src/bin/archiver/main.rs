@@ -1,13 +1,13 @@
 use std::process::ExitCode;
 
+use chrono::Utc;
 use clap::{Parser, Subcommand};
-use ingest::archive::{store, verify, ArchiverConfig};
-use ingest::offsets::ConsumerKey;
+use ingest::archive::ArchiverConfig;
 use ingest::session::println_json;
 use serving::shutdown_signal;
 
-/// Meterline archiver: usage events from Kafka into Parquet files listed in
-/// a Postgres manifest, exactly once.
+/// Meterline archiver: billed usage (what ingest committed to request_log)
+/// into Parquet files listed in a Postgres manifest, each request once.
 #[derive(Parser)]
 #[command(version)]
 struct Cli {
@@ -21,12 +21,14 @@ struct Cli {
 enum Command {
     /// Archive until SIGTERM or Ctrl-C (the default).
     Run,
-    /// Check the manifest against the files; list orphans. Prints a JSON
-    /// report; exits 1 if a range is missing or overlaps, or a file is
-    /// missing or differs.
+    /// Check the files against the manifest and request_log; list orphans.
+    /// Prints a JSON report; exits 1 on a missing, altered or doubled file
+    /// or row, or a request_log row neither queued nor archived.
     Verify,
-    /// Delete orphan files whose offsets the archive has already passed.
+    /// Delete retired files and orphans older than ARCHIVE_GC_GRACE_SECS.
     Gc,
+    /// Compact every hour whose end is ARCHIVE_COMPACT_SETTLE_SECS old, once.
+    Compact,
 }
 
 #[tokio::main]
@@ -44,34 +46,38 @@ async fn main() -> ExitCode {
 async fn run() -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,rdkafka=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        // Logs to stderr: `verify` and `gc` print their JSON report on stdout.
+        // Logs to stderr: `verify`, `gc` and `compact` print JSON on stdout.
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let config = cli.config;
-    match cli.command.unwrap_or(Command::Run) {
-        Command::Run => ingest::archive::service::run(config, shutdown_signal()).await?,
-        command @ (Command::Verify | Command::Gc) => {
-            config.validate()?;
-            let store = store::open(&config.url)?;
-            let pool = schema::connect(&config.database_url, 2, std::time::Duration::from_secs(10))
-                .await?;
-            let key = ConsumerKey {
-                group: config.group.clone(),
-                topic: config.topic.clone(),
-            };
-            if matches!(command, Command::Gc) {
-                let deleted = verify::gc(&pool, store.as_ref(), &key).await?;
-                println_json(&serde_json::json!({ "deleted": deleted }))?;
-            } else {
-                let report = verify::verify(&pool, store.as_ref(), &key).await?;
-                println_json(&report)?;
-                if !report.ok() {
-                    return Ok(ExitCode::FAILURE);
-                }
+    let command = cli.command.unwrap_or(Command::Run);
+    if matches!(command, Command::Run) {
+        ingest::archive::service::run(config, shutdown_signal()).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    config.validate()?;
+    let store = archive::store::open(&config.url)?;
+    let pool = schema::connect(&config.database_url, 2, std::time::Duration::from_secs(10)).await?;
+    match command {
+        Command::Run => {}
+        Command::Gc => {
+            let collected = archive::verify::gc(&pool, &store, config.grace(), Utc::now()).await?;
+            println_json(&collected)?;
+        }
+        Command::Compact => {
+            let done =
+                archive::compact::compact_due(&pool, &store, Utc::now(), config.policy(), false)
+                    .await?;
+            println_json(&done)?;
+        }
+        Command::Verify => {
+            let report = archive::verify::verify(&pool, &store).await?;
+            println_json(&report)?;
+            if !report.ok() {
+                return Ok(ExitCode::FAILURE);
             }
         }
     }

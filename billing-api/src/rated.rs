@@ -1,0 +1,63 @@
+//! Stored usage as rating input: each tenant's usage in its window as
+//! rating groups (peak/off-peak decided by the book), and one tenant's
+//! month rated to lines. Below both [`crate::drafts`] and
+//! [`crate::adjustments`], which need it and must not need each other.
+
+use std::collections::HashMap;
+
+use sqlx::PgConnection;
+
+use crate::error::BillingError;
+use crate::period::Month;
+use crate::rating::{rate, Line, PriceBook, UsageGroup};
+use crate::store::{self, usage::Window};
+use crate::tenant::Tenant;
+
+/// Each tenant's usage in its own window, summed per rating group.
+pub async fn usage_groups(
+    conn: &mut PgConnection,
+    book: &PriceBook,
+    windows: &[Window],
+) -> Result<HashMap<String, Vec<UsageGroup>>, BillingError> {
+    let (Some(from), Some(to)) = (
+        windows.iter().map(|w| w.1).min(),
+        windows.iter().map(|w| w.2).max(),
+    ) else {
+        return Ok(HashMap::new());
+    };
+    let off_peak = book.off_peak_hours(from, to)?;
+    store::usage::groups(conn, windows, &off_peak).await
+}
+
+/// Each owner's dedicated pools in its own window (see
+/// [`store::usage::reservations`]).
+pub async fn reservations(
+    conn: &mut PgConnection,
+    book: &PriceBook,
+    windows: &[Window],
+) -> Result<HashMap<String, Vec<crate::rating::Reservation>>, BillingError> {
+    let (Some(from), Some(to)) = (
+        windows.iter().map(|w| w.1).min(),
+        windows.iter().map(|w| w.2).max(),
+    ) else {
+        return Ok(HashMap::new());
+    };
+    let off_peak = book.off_peak_hours(from, to)?;
+    store::usage::reservations(conn, windows, &off_peak).await
+}
+
+/// Rates one tenant's usage for `month` as it stands now (for adjustments).
+pub async fn usage_lines(
+    conn: &mut PgConnection,
+    month: Month,
+    tenant: &Tenant,
+) -> Result<Vec<Line>, BillingError> {
+    let book = store::price_books::in_effect(conn, month.first_day()).await?;
+    let (s, e) = month.bounds(tenant.time_zone);
+    let mut groups = usage_groups(conn, &book, &[(tenant.tenant_id.clone(), s, e)]).await?;
+    Ok(rate(
+        &groups.remove(&tenant.tenant_id).unwrap_or_default(),
+        &book,
+        tenant.billing_mode,
+    )?)
+}

@@ -1,0 +1,33 @@
+//! The state every handler shares. Below the handlers and the router, so
+//! no module that uses it imports the module that builds it.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub cost_metrics: crate::cost_metrics::Cache,
+    /// The bearer token `/metrics` asks for (its SHA-256); `None` leaves
+    /// `/metrics` closed to everyone.
+    pub metrics_token_hash: Option<[u8; 32]>,
+    /// How long a page session lasts after sign-in.
+    pub session_lifetime: Duration,
+    /// Whether session cookies carry `Secure` (behind TLS).
+    pub secure_cookies: bool,
+}
+
+impl AppState {
+    /// State on `pool` with the defaults: `/metrics` closed, 8-hour
+    /// sessions, cookies without `Secure`.
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            cost_metrics: Default::default(),
+            metrics_token_hash: None,
+            session_lifetime: Duration::from_secs(8 * 3600),
+            secure_cookies: false,
+        }
+    }
+}

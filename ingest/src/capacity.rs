@@ -1,0 +1,336 @@
+//! The fleet's capacity, stored in the batch transaction beside the usage
+//! it accompanies: replica reports (busy and idle GPU time per replica and
+//! interval) and the usage that ran on dedicated replicas.
+//!
+//! - A report is stored once under its `report_id` (`ON CONFLICT DO
+//!   NOTHING`): a re-send adds nothing, and only reports actually inserted
+//!   add to the hourly sums — the same rule as request rows and
+//!   usage_hourly. A report whose id is stored with other figures is a
+//!   `conflict` dead letter.
+//! - A shared replica's idle time goes to `fleet_idle_hourly` (the idle
+//!   overhead pool); a dedicated replica's busy and idle time go to
+//!   `dedicated_capacity_hourly` under its owner (the reserved-capacity
+//!   line), never to the shared pool.
+//! - Counted v2 events that ran on a dedicated replica add to
+//!   `dedicated_usage_hourly` by (owner, tenant, model, priority, hour).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use sqlx::{PgConnection, Row};
+use usage_contract::{UsageEvent, Violation};
+
+use crate::batch::{hour_of, HourTotals, Rejected, ReportCandidate};
+
+/// What a batch's reports did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReportCounts {
+    pub inserted: u64,
+    pub duplicates: u64,
+}
+
+/// Stores the reports not stored yet and adds those to the hourly sums;
+/// reports that cannot be counted are pushed to `rejected`.
+pub async fn store_reports(
+    conn: &mut PgConnection,
+    reports: Vec<ReportCandidate>,
+    known_tenants: &HashSet<String>,
+    rejected: &mut Vec<Rejected>,
+) -> Result<ReportCounts, sqlx::Error> {
+    let mut counts = ReportCounts::default();
+    // The first of each id in the batch; later ones meet it below.
+    let mut firsts: Vec<ReportCandidate> = Vec::with_capacity(reports.len());
+    let mut repeats = Vec::new();
+    let mut seen = HashSet::new();
+    for r in reports {
+        if let Some(owner) = &r.report.dedicated_to {
+            if !known_tenants.contains(owner) {
+                let violation = Violation::UnknownTenant(owner.clone());
+                rejected.push(reject(r, violation));
+                continue;
+            }
+        }
+        if seen.insert(r.report.report_id.clone()) {
+            firsts.push(r);
+        } else {
+            repeats.push(r);
+        }
+    }
+    if firsts.is_empty() {
+        return Ok(counts);
+    }
+    let n = firsts.len();
+    let mut cols = ReportColumns::with_capacity(n);
+    for r in &firsts {
+        cols.push(r);
+    }
+    let inserted: HashSet<String> = sqlx::query(
+        "INSERT INTO replica_reports (report_id, replica_id, model, reporter_id, dedicated_to,
+             gpus, hour, interval_start, interval_end, busy_gpu_seconds, idle_gpu_seconds,
+             kafka_partition, kafka_offset)
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+             $6::integer[], $7::timestamptz[], $8::timestamptz[], $9::timestamptz[],
+             $10::numeric[], $11::numeric[], $12::integer[], $13::bigint[])
+         ON CONFLICT (report_id) DO NOTHING RETURNING report_id",
+    )
+    .bind(&cols.report_id)
+    .bind(&cols.replica_id)
+    .bind(&cols.model)
+    .bind(&cols.reporter_id)
+    .bind(&cols.dedicated_to)
+    .bind(&cols.gpus)
+    .bind(&cols.hour)
+    .bind(&cols.interval_start)
+    .bind(&cols.interval_end)
+    .bind(&cols.busy)
+    .bind(&cols.idle)
+    .bind(&cols.partition)
+    .bind(&cols.offset)
+    .fetch_all(&mut *conn)
+    .await?
+    .iter()
+    .map(|row| row.try_get::<String, _>(0))
+    .collect::<Result<_, _>>()?;
+    counts.inserted = inserted.len() as u64;
+
+    // Everything not inserted now has a stored version: compare figures.
+    let (counted, others): (Vec<_>, Vec<_>) = firsts
+        .into_iter()
+        .partition(|r| inserted.contains(&r.report.report_id));
+    let others: Vec<_> = others.into_iter().chain(repeats).collect();
+    if !others.is_empty() {
+        let ids: Vec<&str> = others.iter().map(|r| r.report.report_id.as_str()).collect();
+        let stored: HashMap<String, (Decimal, Decimal, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT report_id, busy_gpu_seconds, idle_gpu_seconds, interval_end
+             FROM replica_reports WHERE report_id = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .map(|(id, busy, idle, end)| (id, (busy, idle, end)))
+        .collect();
+        for r in others {
+            let same = stored.get(&r.report.report_id).is_some_and(|s| {
+                *s == (
+                    r.report.busy_gpu_seconds,
+                    r.report.idle_gpu_seconds,
+                    r.report.interval_end,
+                )
+            });
+            if same {
+                counts.duplicates += 1;
+            } else {
+                rejected.push(reject(r, Violation::Conflict));
+            }
+        }
+    }
+    add_capacity(conn, &counted).await?;
+    Ok(counts)
+}
+
+/// Adds inserted reports to fleet_idle_hourly (shared replicas) and
+/// dedicated_capacity_hourly (dedicated ones), one sorted upsert each.
+async fn add_capacity(
+    conn: &mut PgConnection,
+    reports: &[ReportCandidate],
+) -> Result<(), sqlx::Error> {
+    let mut idle: BTreeMap<DateTime<Utc>, Decimal> = BTreeMap::new();
+    let mut dedicated: BTreeMap<(String, String, DateTime<Utc>), (Decimal, Decimal)> =
+        BTreeMap::new();
+    for r in reports {
+        let r = &r.report;
+        match &r.dedicated_to {
+            None => *idle.entry(r.hour()).or_default() += r.idle_gpu_seconds,
+            Some(owner) => {
+                let sums = dedicated
+                    .entry((owner.clone(), r.model.clone(), r.hour()))
+                    .or_default();
+                sums.0 += r.busy_gpu_seconds;
+                sums.1 += r.idle_gpu_seconds;
+            }
+        }
+    }
+    if !idle.is_empty() {
+        let (hours, seconds): (Vec<_>, Vec<_>) = idle.into_iter().unzip();
+        sqlx::query(
+            "INSERT INTO fleet_idle_hourly AS f (hour, gpu_seconds)
+             SELECT * FROM UNNEST($1::timestamptz[], $2::numeric[])
+             ON CONFLICT (hour) DO UPDATE SET gpu_seconds = f.gpu_seconds + EXCLUDED.gpu_seconds",
+        )
+        .bind(hours)
+        .bind(seconds)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if !dedicated.is_empty() {
+        let n = dedicated.len();
+        let (mut owner, mut model, mut hour, mut busy, mut idle) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for ((o, m, h), (b, i)) in dedicated {
+            owner.push(o);
+            model.push(m);
+            hour.push(h);
+            busy.push(b);
+            idle.push(i);
+        }
+        sqlx::query(
+            "INSERT INTO dedicated_capacity_hourly AS d (owner_id, model, hour,
+                 busy_gpu_seconds, idle_gpu_seconds)
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::timestamptz[], $4::numeric[],
+                 $5::numeric[])
+             ON CONFLICT (owner_id, model, hour) DO UPDATE SET
+                 busy_gpu_seconds = d.busy_gpu_seconds + EXCLUDED.busy_gpu_seconds,
+                 idle_gpu_seconds = d.idle_gpu_seconds + EXCLUDED.idle_gpu_seconds",
+        )
+        .bind(owner)
+        .bind(model)
+        .bind(hour)
+        .bind(busy)
+        .bind(idle)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Adds counted events that ran on a dedicated replica to
+/// dedicated_usage_hourly, aggregated per key and sorted (one upsert).
+pub async fn upsert_dedicated_usage<'a>(
+    conn: &mut PgConnection,
+    events: impl IntoIterator<Item = &'a UsageEvent>,
+) -> Result<(), sqlx::Error> {
+    let mut sums: BTreeMap<(&str, &str, &str, i16, DateTime<Utc>), HourTotals> = BTreeMap::new();
+    for e in events {
+        let Some(owner) = e.placement.as_ref().and_then(|p| p.dedicated_to.as_deref()) else {
+            continue;
+        };
+        sums.entry((owner, &e.tenant_id, &e.model, e.priority, hour_of(e)))
+            .or_default()
+            .add(e);
+    }
+    if sums.is_empty() {
+        return Ok(());
+    }
+    let n = sums.len();
+    let mut owner = Vec::with_capacity(n);
+    let mut tenant = Vec::with_capacity(n);
+    let mut model = Vec::with_capacity(n);
+    let mut priority = Vec::with_capacity(n);
+    let mut hour = Vec::with_capacity(n);
+    let mut requests = Vec::with_capacity(n);
+    let mut prompt = Vec::with_capacity(n);
+    let mut cached = Vec::with_capacity(n);
+    let mut completion = Vec::with_capacity(n);
+    let mut gpu = Vec::with_capacity(n);
+    for ((o, t, m, p, h), s) in sums {
+        owner.push(o);
+        tenant.push(t);
+        model.push(m);
+        priority.push(p);
+        hour.push(h);
+        requests.push(s.requests);
+        prompt.push(s.prompt_tokens);
+        cached.push(s.cached_tokens);
+        completion.push(s.completion_tokens);
+        gpu.push(s.gpu_seconds);
+    }
+    sqlx::query(
+        "INSERT INTO dedicated_usage_hourly AS d (owner_id, tenant_id, model, priority, hour,
+             requests, prompt_tokens, cached_tokens, completion_tokens, gpu_seconds)
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::smallint[],
+             $5::timestamptz[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[],
+             $10::numeric[])
+         ON CONFLICT (owner_id, tenant_id, model, priority, hour) DO UPDATE SET
+             requests = d.requests + EXCLUDED.requests,
+             prompt_tokens = d.prompt_tokens + EXCLUDED.prompt_tokens,
+             cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens,
+             completion_tokens = d.completion_tokens + EXCLUDED.completion_tokens,
+             gpu_seconds = d.gpu_seconds + EXCLUDED.gpu_seconds",
+    )
+    .bind(owner)
+    .bind(tenant)
+    .bind(model)
+    .bind(priority)
+    .bind(hour)
+    .bind(requests)
+    .bind(prompt)
+    .bind(cached)
+    .bind(completion)
+    .bind(gpu)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn reject(r: ReportCandidate, violation: Violation) -> Rejected {
+    Rejected {
+        partition: r.partition,
+        offset: r.offset,
+        raw: r.raw,
+        violation,
+        request_id: None,
+        tenant_id: r.report.dedicated_to.clone(),
+        stored_version: None,
+    }
+}
+
+/// Column-wise arrays for the reports' UNNEST.
+struct ReportColumns<'a> {
+    report_id: Vec<&'a str>,
+    replica_id: Vec<&'a str>,
+    model: Vec<&'a str>,
+    reporter_id: Vec<&'a str>,
+    dedicated_to: Vec<Option<&'a str>>,
+    gpus: Vec<i32>,
+    hour: Vec<DateTime<Utc>>,
+    interval_start: Vec<DateTime<Utc>>,
+    interval_end: Vec<DateTime<Utc>>,
+    busy: Vec<Decimal>,
+    idle: Vec<Decimal>,
+    partition: Vec<i32>,
+    offset: Vec<i64>,
+}
+
+impl<'a> ReportColumns<'a> {
+    fn with_capacity(n: usize) -> Self {
+        Self {
+            report_id: Vec::with_capacity(n),
+            replica_id: Vec::with_capacity(n),
+            model: Vec::with_capacity(n),
+            reporter_id: Vec::with_capacity(n),
+            dedicated_to: Vec::with_capacity(n),
+            gpus: Vec::with_capacity(n),
+            hour: Vec::with_capacity(n),
+            interval_start: Vec::with_capacity(n),
+            interval_end: Vec::with_capacity(n),
+            busy: Vec::with_capacity(n),
+            idle: Vec::with_capacity(n),
+            partition: Vec::with_capacity(n),
+            offset: Vec::with_capacity(n),
+        }
+    }
+
+    fn push(&mut self, c: &'a ReportCandidate) {
+        let r = &c.report;
+        self.report_id.push(&r.report_id);
+        self.replica_id.push(&r.replica_id);
+        self.model.push(&r.model);
+        self.reporter_id.push(&r.reporter_id);
+        self.dedicated_to.push(r.dedicated_to.as_deref());
+        self.gpus.push(i32::try_from(r.gpus).unwrap_or(i32::MAX));
+        self.hour.push(r.hour());
+        self.interval_start.push(r.interval_start);
+        self.interval_end.push(r.interval_end);
+        self.busy.push(r.busy_gpu_seconds);
+        self.idle.push(r.idle_gpu_seconds);
+        self.partition.push(c.partition);
+        self.offset.push(c.offset);
+    }
+}
