@@ -54,6 +54,9 @@ pub struct Preemptor<'a> {
     pub priority: i16,
     /// 0 for a fresh request; a re-queued one carries its chain depth.
     pub depth: u8,
+    /// Only take back lent work on the preemptor's own dedicated replicas
+    /// (an owner below priority 5 preempts nothing else).
+    pub lent_only: bool,
 }
 
 /// What to preempt: on replica `replica`, request `victim`; it is
@@ -86,6 +89,7 @@ pub fn choose(replicas: &[Replica], p: Preemptor<'_>, now: Instant) -> Option<Pl
         .min_by_key(|(i, _, v)| (v.priority, v.gpu_micros, *i, v.id));
     lent.or_else(|| {
         candidates()
+            .filter(|_| !p.lent_only)
             .filter(|(_, _, v)| v.priority < p.priority)
             .min_by_key(|(i, _, v)| (v.priority, v.gpu_micros, *i, v.id))
     })
@@ -136,6 +140,7 @@ mod tests {
             tenant: "prod",
             priority: 5,
             depth: 0,
+            lent_only: false,
         };
         // 1 is on a replica in its cooldown, 2 has streamed: 4 (P2, least lost).
         assert_eq!(
@@ -156,7 +161,8 @@ mod tests {
                 Preemptor {
                     tenant: "prod",
                     priority: 5,
-                    depth: 2
+                    depth: 2,
+                    lent_only: false
                 },
                 later
             ),
@@ -168,7 +174,8 @@ mod tests {
                 Preemptor {
                     tenant: "prod",
                     priority: 1,
-                    depth: 0
+                    depth: 0,
+                    lent_only: false
                 },
                 later
             ),
@@ -180,7 +187,8 @@ mod tests {
                 Preemptor {
                     tenant: "prod",
                     priority: 3,
-                    depth: 1
+                    depth: 1,
+                    lent_only: false
                 },
                 later
             )
@@ -217,6 +225,7 @@ mod tests {
             tenant: "acme",
             priority: 5,
             depth: 0,
+            lent_only: false,
         };
         // The P3 lent on acme's replica, before the P1 on the shared one.
         assert_eq!(choose(&replicas, acme, now).unwrap().victim, 3);
@@ -236,6 +245,14 @@ mod tests {
         let mut cooling = replicas.clone();
         cooling[1].last_preempted = Some(now);
         assert_eq!(choose(&cooling, acme, now).unwrap().victim, 1);
+        // An owner below priority 5 takes back only what it lent.
+        let lent_only = Preemptor {
+            priority: 2,
+            lent_only: true,
+            ..acme
+        };
+        assert_eq!(choose(&replicas, lent_only, now).unwrap().victim, 3);
+        assert_eq!(choose(&cooling, lent_only, now), None);
     }
 
     proptest! {
@@ -266,7 +283,7 @@ mod tests {
                         .collect(),
                 })
                 .collect();
-            let p = Preemptor { tenant: "prod", priority, depth };
+            let p = Preemptor { tenant: "prod", priority, depth, lent_only: false };
             let qualifies = |r: &Replica, v: &Running| {
                 r.last_preempted.is_none_or(|at| now - at >= COOLDOWN)
                     && v.priority < priority

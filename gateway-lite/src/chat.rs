@@ -277,8 +277,21 @@ async fn handle(
     let budget = admission_queue::budget(caller);
     let deadline = arrived + budget;
     // A priority-5 request still waiting at half its budget would miss its
-    // TTFT objective: it preempts a lower request in flight, once.
-    let preempts = caller.priority >= crate::preemption::PREEMPTOR_PRIORITY;
+    // TTFT objective: it preempts a lower request in flight, once. So does
+    // the owner of dedicated replicas of this model, whatever its priority:
+    // it takes back what it lent (the registry then picks lent work first).
+    let owns_replicas = state
+        .engine
+        .simulator()
+        .profile(&req.model)
+        .is_some_and(|p| p.dedicated.contains_key(&caller.tenant_id));
+    let preemptor = fleet::preempt::Preemptor {
+        tenant: &caller.tenant_id,
+        priority: caller.priority,
+        depth: 0,
+        lent_only: caller.priority < crate::preemption::PREEMPTOR_PRIORITY,
+    };
+    let preempts = !preemptor.lent_only || owns_replicas;
     let mut preempt_at = preempts.then(|| arrived + budget / 2);
     let cost = gpu_micros(state, &req.model, prompt_tokens, output_estimate.min(room));
     let generation = loop {
@@ -303,12 +316,7 @@ async fn handle(
                             Ok(()) => Ok(()),
                             Err(admission_queue::NotRun::Timeout(_)) => {
                                 preempt_at = None;
-                                registry.preempt_for(
-                                    &req.model,
-                                    &caller.tenant_id,
-                                    caller.priority,
-                                    0,
-                                );
+                                registry.preempt_for(&req.model, preemptor);
                                 Ok(())
                             }
                             Err(full) => Err(Some(full)),
@@ -316,7 +324,7 @@ async fn handle(
                     }
                     (Some(_), Some(registry)) => {
                         preempt_at = None;
-                        registry.preempt_for(&req.model, &caller.tenant_id, caller.priority, 0);
+                        registry.preempt_for(&req.model, preemptor);
                         q.wait(&req.model, caller, cost, left).await.map_err(Some)
                     }
                     _ => q.wait(&req.model, caller, cost, left).await.map_err(Some),

@@ -279,9 +279,12 @@ impl Run {
                 preempted_for_it = queues.preemptions(&self.model).is_some_and(|r| {
                     r.preempt_for(
                         &self.model,
-                        &self.caller.tenant_id,
-                        self.caller.priority,
-                        self.lost.depth,
+                        fleet::preempt::Preemptor {
+                            tenant: &self.caller.tenant_id,
+                            priority: self.caller.priority,
+                            depth: self.lost.depth,
+                            lent_only: false,
+                        },
                     )
                 });
             }

@@ -137,10 +137,10 @@ impl Preemptions {
         }
     }
 
-    /// Preempts one request of `model` for a waiting request of `tenant` at
-    /// `priority` and chain `depth`, if the rules allow one; says whether
-    /// it did.
-    pub fn preempt_for(&self, model: &str, tenant: &str, priority: i16, depth: u8) -> bool {
+    /// Preempts one request of `model` for a waiting request `who`, if
+    /// the rules allow one; says whether it did.
+    pub fn preempt_for(&self, model: &str, who: fleet::preempt::Preemptor<'_>) -> bool {
+        let tenant = who.tenant;
         let now = Instant::now();
         let mut inner = self.lock();
         // The candidates, by replica, in a stable order.
@@ -174,15 +174,7 @@ impl Preemptions {
         by_replica.sort_by(|a, b| a.0.cmp(&b.0));
         let replicas: Vec<fleet::preempt::Replica> =
             by_replica.iter().map(|(_, r)| r.clone()).collect();
-        let Some(plan) = fleet::preempt::choose(
-            &replicas,
-            fleet::preempt::Preemptor {
-                tenant,
-                priority,
-                depth,
-            },
-            now,
-        ) else {
+        let Some(plan) = fleet::preempt::choose(&replicas, who, now) else {
             return false;
         };
         let replica = by_replica[plan.replica].0.clone();
@@ -215,14 +207,36 @@ impl Preemptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fleet::preempt::Preemptor;
+
+    /// A run of model `m` on a shared replica.
+    fn run<'a>(replica: &'a str, tenant: &'a str, priority: i16) -> Run<'a> {
+        Run {
+            model: "m",
+            replica,
+            owner: None,
+            tenant,
+            priority,
+        }
+    }
+
+    /// A priority-5 request at chain `depth`.
+    fn p5(tenant: &str, depth: u8) -> Preemptor<'_> {
+        Preemptor {
+            tenant,
+            priority: 5,
+            depth,
+            lent_only: false,
+        }
+    }
 
     #[tokio::test]
     async fn the_lowest_priority_is_preempted_and_its_replica_is_then_immune() {
         let p = Preemptions::default();
-        let mut low = p.register("m", "m-r0", "batch", 1);
-        let _mid = p.register("m", "m-r1", "tools", 3);
-        let mut other = p.register("m", "m-r1", "batch", 1);
-        assert!(p.preempt_for("m", "prod", 5, 0));
+        let mut low = p.register(run("m-r0", "batch", 1));
+        let _mid = p.register(run("m-r1", "tools", 3));
+        let mut other = p.register(run("m-r1", "batch", 1));
+        assert!(p.preempt_for("m", p5("prod", 0)));
         // Ties on priority go to the one that lost least (the later one):
         // here the order of registration, on r1 or r0 — either way one told.
         let first = tokio::select! {
@@ -238,31 +252,52 @@ mod tests {
         );
         // The next preemption cannot use the replica that just preempted;
         // the remaining priority-1 run is on the other replica.
-        assert!(p.preempt_for("m", "prod", 5, 0));
+        assert!(p.preempt_for("m", p5("prod", 0)));
         // Now both replicas are in their cooldown: nothing more.
-        let _late = p.register("m", "m-r0", "batch", 1);
-        assert!(!p.preempt_for("m", "prod", 5, 0));
+        let _late = p.register(run("m-r0", "batch", 1));
+        assert!(!p.preempt_for("m", p5("prod", 0)));
     }
 
     #[test]
     fn never_an_equal_or_higher_priority_nor_past_depth_two() {
         let p = Preemptions::default();
-        let _same = p.register("m", "m-r0", "prod-2", 5);
-        assert!(!p.preempt_for("m", "prod", 5, 0));
-        let _low = p.register("m", "m-r1", "batch", 1);
+        let _same = p.register(run("m-r0", "prod-2", 5));
+        assert!(!p.preempt_for("m", p5("prod", 0)));
+        let _low = p.register(run("m-r1", "batch", 1));
         assert!(
-            !p.preempt_for("m", "prod", 5, 2),
+            !p.preempt_for("m", p5("prod", 2)),
             "a chain stops at depth 2"
         );
-        assert!(!p.preempt_for("other-model", "prod", 5, 0));
-        assert!(p.preempt_for("m", "prod", 5, 1));
+        assert!(!p.preempt_for("other-model", p5("prod", 0)));
+        assert!(p.preempt_for("m", p5("prod", 1)));
     }
 
     #[test]
     fn a_finished_run_is_no_longer_a_candidate() {
         let p = Preemptions::default();
-        let low = p.register("m", "m-r0", "batch", 1);
+        let low = p.register(run("m-r0", "batch", 1));
         drop(low);
-        assert!(!p.preempt_for("m", "prod", 5, 0));
+        assert!(!p.preempt_for("m", p5("prod", 0)));
+    }
+
+    #[tokio::test]
+    async fn the_owner_takes_back_lent_work_on_its_replica_first() {
+        let p = Preemptions::default();
+        let _shared = p.register(run("m-r1", "batch", 1));
+        let mut lent = p.register(Run {
+            owner: Some("acme"),
+            ..run("m-r0", "tools", 4)
+        });
+        // An owner below priority 5 takes back only what it lent...
+        let owner = Preemptor {
+            tenant: "acme",
+            priority: 3,
+            depth: 0,
+            lent_only: true,
+        };
+        assert!(p.preempt_for("m", owner));
+        assert_eq!(lent.preempted().await.by_tenant, "acme");
+        // ...and nothing else: r0 is cooling down, the P1 on r1 is not its.
+        assert!(!p.preempt_for("m", owner));
     }
 }
