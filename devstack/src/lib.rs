@@ -11,6 +11,8 @@
 //! - [`private_postgres`]: a [`PrivatePostgres`] for a test that crashes it;
 //! - [`database`]: a fresh, migrated database per run ([`Database`]);
 //! - [`topic`]: creating and deleting topics, a fresh one per run ([`Topic`]);
+//! - [`cached_install`]: tools built once from crates.io into a cache
+//!   outside the checkout (the broker, the S3 server), under a lock;
 //! - [`nisshi`]: the broker's binary, built once into a cache, and a
 //!   [`PrivateBroker`];
 //! - [`redis`]: the shared Redis and a [`PrivateRedis`];
@@ -27,6 +29,7 @@
 //! instance); every database and topic made for a run is dropped with its
 //! handle, even when the test panics.
 
+pub mod cached_install;
 pub mod database;
 pub mod detached;
 pub mod error;

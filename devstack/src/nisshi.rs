@@ -9,92 +9,33 @@
 //! real Kafka's disk would.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
+use crate::cached_install::{self, CachedCrate};
 use crate::database::Database;
 use crate::error::{DevstackError, Result};
 use crate::health::{free_port, wait_tcp};
-use crate::process::{self, Service, Spec};
+use crate::process::{Service, Spec};
 
 /// The Nisshi version the stack runs (`NISSHI_VERSION` overrides it).
 pub const DEFAULT_VERSION: &str = "0.8.1";
 
-/// The cache the broker is built into: `METERLINE_CACHE`, else
-/// `~/.cache/meterline`.
-pub fn cache_dir() -> PathBuf {
-    std::env::var_os("METERLINE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-                .join(".cache/meterline")
-        })
-}
-
 /// The cached broker binary, building it first if it is not there (about
-/// 17 minutes on 2 cores). A lock keeps two callers from building it twice.
+/// 17 minutes on 2 cores).
 pub fn ensure_binary() -> Result<PathBuf> {
     let version = std::env::var("NISSHI_VERSION").unwrap_or_else(|_| DEFAULT_VERSION.into());
-    let cache = cache_dir();
-    let root = cache.join(format!("nisshi-{version}"));
-    let bin = root.join("bin/nisshi");
-    if bin.exists() {
-        return Ok(bin);
-    }
-    std::fs::create_dir_all(&cache).map_err(DevstackError::io(cache.display().to_string()))?;
-    let lock_path = cache.join("nisshi-build.lock");
-    let lock = std::fs::File::create(&lock_path)
-        .map_err(DevstackError::io(lock_path.display().to_string()))?;
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-        .map_err(|e| DevstackError::io(lock_path.display().to_string())(e.into()))?;
-    if bin.exists() {
-        return Ok(bin);
-    }
-    let log = cache.join("nisshi-build.log");
-    tracing::warn!(
-        "building nisshi {version} once into {} (about 17 minutes; log: {})",
-        cache.display(),
-        log.display()
-    );
-    let out = std::fs::File::create(&log).map_err(DevstackError::io(log.display().to_string()))?;
-    let err = out
-        .try_clone()
-        .map_err(DevstackError::io(log.display().to_string()))?;
-    let status = Command::new("cargo")
-        .args([
-            "install",
-            "--locked",
+    cached_install::ensure(CachedCrate {
+        krate: "nisshi",
+        version: &version,
+        install_args: &[
             "--ignore-rust-version",
-            "nisshi",
-            "--version",
-        ])
-        .arg(&version)
-        .args([
             "--no-default-features",
             "--features",
             "dynostore,postgres",
-            "--root",
-        ])
-        .arg(&root)
-        .stdout(out)
-        .stderr(err)
-        .status()
-        .map_err(|source| DevstackError::Spawn {
-            what: "the broker's build".into(),
-            program: "cargo".into(),
-            source,
-        })?;
-    if !status.success() || !bin.exists() {
-        return Err(DevstackError::Command {
-            command: format!("cargo install nisshi {version}"),
-            detail: format!(
-                "{status}; the last lines of {}:\n{}",
-                log.display(),
-                process::log_tail(&log, 30)
-            ),
-        });
-    }
-    Ok(bin)
+        ],
+        what: "the broker",
+        takes: "about 17 minutes",
+    })
 }
 
 /// The command of a broker listening on `127.0.0.1:port`, keeping its log

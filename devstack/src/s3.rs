@@ -13,13 +13,12 @@
 //! of its root; [`PrivateS3::start`] creates the one it hands out.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
+use crate::cached_install::{self, CachedCrate};
 use crate::error::{DevstackError, Result};
 use crate::health::{free_port, wait_tcp};
-use crate::nisshi::cache_dir;
-use crate::process::{self, Service, Spec};
+use crate::process::{Service, Spec};
 
 /// The s3s-fs version the tests run (`S3S_FS_VERSION` overrides it); the
 /// newest that builds with this workspace's Rust.
@@ -28,59 +27,16 @@ pub const DEFAULT_VERSION: &str = "0.14.1";
 /// The bucket a private server is started with.
 pub const BUCKET: &str = "meterline";
 
-/// The cached server binary, building it first if it is not there. A lock
-/// keeps two callers from building it twice.
+/// The cached server binary, building it first if it is not there.
 pub fn ensure_binary() -> Result<PathBuf> {
     let version = std::env::var("S3S_FS_VERSION").unwrap_or_else(|_| DEFAULT_VERSION.into());
-    let cache = cache_dir();
-    let root = cache.join(format!("s3s-fs-{version}"));
-    let bin = root.join("bin/s3s-fs");
-    if bin.exists() {
-        return Ok(bin);
-    }
-    std::fs::create_dir_all(&cache).map_err(DevstackError::io(cache.display().to_string()))?;
-    let lock_path = cache.join("s3s-fs-build.lock");
-    let lock = std::fs::File::create(&lock_path)
-        .map_err(DevstackError::io(lock_path.display().to_string()))?;
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-        .map_err(|e| DevstackError::io(lock_path.display().to_string())(e.into()))?;
-    if bin.exists() {
-        return Ok(bin);
-    }
-    let log = cache.join("s3s-fs-build.log");
-    tracing::warn!(
-        "building s3s-fs {version} once into {} (a few minutes; log: {})",
-        cache.display(),
-        log.display()
-    );
-    let out = std::fs::File::create(&log).map_err(DevstackError::io(log.display().to_string()))?;
-    let err = out
-        .try_clone()
-        .map_err(DevstackError::io(log.display().to_string()))?;
-    let status = Command::new("cargo")
-        .args(["install", "--locked", "s3s-fs", "--version"])
-        .arg(&version)
-        .args(["--features", "binary", "--root"])
-        .arg(&root)
-        .stdout(out)
-        .stderr(err)
-        .status()
-        .map_err(|source| DevstackError::Spawn {
-            what: "the S3 server's build".into(),
-            program: "cargo".into(),
-            source,
-        })?;
-    if !status.success() || !bin.exists() {
-        return Err(DevstackError::Command {
-            command: format!("cargo install s3s-fs {version}"),
-            detail: format!(
-                "{status}; the last lines of {}:\n{}",
-                log.display(),
-                process::log_tail(&log, 30)
-            ),
-        });
-    }
-    Ok(bin)
+    cached_install::ensure(CachedCrate {
+        krate: "s3s-fs",
+        version: &version,
+        install_args: &["--features", "binary"],
+        what: "the S3 server",
+        takes: "a few minutes",
+    })
 }
 
 /// An S3-compatible server of one test's own; killed, and its files
