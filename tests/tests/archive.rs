@@ -654,7 +654,9 @@ async fn a_listing_reader_never_sees_a_row_twice_or_miss_one(s3: bool) {
         tokio::spawn(async move {
             let mut reads = 0;
             let mut largest = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads < 5 {
+            loop {
+                // A listing begun after the last batch committed sees it all.
+                let last = stop.load(std::sync::atomic::Ordering::Relaxed) && reads >= 5;
                 let rows = read_live(&pool, &store).await;
                 // Rows only ever join (batches), never leave: each listing
                 // holds at least the previous one's count and nothing twice.
@@ -665,6 +667,9 @@ async fn a_listing_reader_never_sees_a_row_twice_or_miss_one(s3: bool) {
                 );
                 largest = rows.len();
                 reads += 1;
+                if last {
+                    break;
+                }
             }
             (reads, largest)
         })
