@@ -1,5 +1,7 @@
 //! Adjustments: usage that arrives for a finalized month is billed as an
 //! adjustment line on a later invoice, never by changing the finalized one.
+//! For a month in a tenant's grace period, the waiver is recomputed too:
+//! late usage above the budget that accrued in grace is not billed either.
 
 use std::collections::HashMap;
 
@@ -36,7 +38,7 @@ pub async fn lines(
     // usage lines, plus adjustments for it on finalized invoices since.
     let mut billed: HashMap<(String, String), Decimal> = HashMap::new();
     for (tenant, period, body) in &rows {
-        *billed.entry((tenant.clone(), period.clone())).or_default() += body.subtotal;
+        *billed.entry((tenant.clone(), period.clone())).or_default() += body.subtotal + body.waived;
         for l in body.lines.iter().filter(|l| l.kind == LineKind::Adjustment) {
             if let Some(q) = &l.adjusts {
                 *billed.entry((tenant.clone(), q.clone())).or_default() += l.amount;
@@ -49,11 +51,12 @@ pub async fn lines(
             continue;
         };
         let q = Month::parse(period)?;
-        let now: Decimal = crate::rated::usage_lines(conn, q, t)
+        let usage: Decimal = crate::rated::usage_lines(conn, q, t)
             .await?
             .iter()
             .map(|l| l.amount)
             .sum();
+        let now = usage - crate::grace::waived_now(conn, t, q).await?;
         let delta = now
             - billed
                 .get(&(tenant.clone(), period.clone()))

@@ -1,10 +1,17 @@
-//! Budgets: finance sets a budget per tenant and month; the shadow bill
-//! (page and API) shows the share used and warns at 80% and at 100%.
+//! Budgets: finance sets a budget per tenant and month (page or API, each
+//! change in the audit log); the shadow bill (page and API) shows the
+//! share used and warns at 80% and at 100%. A budget covers the budgeted
+//! charges — usage net of off-peak discounts and reserved capacity net of
+//! its credits, not the overhead share or adjustments for earlier months —
+//! which is also what a grace period measures ([`crate::grace`]). The
+//! budget of a month whose invoice is finalized is history: changing it is
+//! refused (it would change what that invoice's grace waiver meant).
 
 use rust_decimal::Decimal;
 use serde::Serialize;
 use sqlx::PgConnection;
 
+use crate::access::{audit, Principal};
 use crate::error::BillingError;
 use crate::period::Month;
 use crate::store;
@@ -14,6 +21,9 @@ use crate::store;
 pub struct BudgetStatus {
     #[serde(with = "rust_decimal::serde::str")]
     pub amount: Decimal,
+    /// The budgeted charges so far (before any grace waiver).
+    #[serde(with = "rust_decimal::serde::str")]
+    pub spent: Decimal,
     /// Spend so far over the budget (0.8 = 80%), to four decimals.
     #[serde(with = "rust_decimal::serde::str")]
     pub share_used: Decimal,
@@ -37,6 +47,7 @@ pub fn status(amount: Decimal, spent: Decimal) -> BudgetStatus {
     };
     BudgetStatus {
         amount,
+        spent,
         share_used,
         level,
     }
@@ -52,6 +63,40 @@ pub async fn for_month(
     Ok(store::budgets::get(conn, tenant, month)
         .await?
         .map(|amount| status(amount, spent)))
+}
+
+/// Sets (or replaces) the tenant's budget for `month`, on the caller's
+/// transaction, and records it in the audit log. The tenant must exist
+/// (404) and the month's invoice must not be finalized (409). It takes the
+/// finalization lock, so a finalization running meanwhile computes its
+/// grace waiver on the budget before or after, never between.
+pub async fn set(
+    conn: &mut PgConnection,
+    who: &Principal,
+    tenant: &str,
+    month: Month,
+    amount: Decimal,
+) -> Result<(), BillingError> {
+    store::tenants::get(conn, tenant)
+        .await?
+        .ok_or(BillingError::NotFound)?;
+    store::invoices::lock_for_finalize(conn).await?;
+    if let Some(done) = store::invoices::finalized(conn, tenant, month).await? {
+        return Err(BillingError::Conflict(format!(
+            "the {month} invoice of {tenant} is finalized (number {}); its budget can no \
+             longer change",
+            done.number.unwrap_or_default()
+        )));
+    }
+    store::budgets::put(conn, tenant, month, amount, &who.token_id).await?;
+    audit(
+        conn,
+        who,
+        "set_budget",
+        Some(tenant),
+        Some(&format!("{month}: {amount}")),
+    )
+    .await
 }
 
 /// Parses a budget typed by a person (`12,500.00`), refusing anything but a

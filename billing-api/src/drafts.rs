@@ -4,7 +4,8 @@
 //! test runs on each hour's local time in the book's zone, so DST days of
 //! 23 and 25 hours fall where they should), then rated in Rust. Every read
 //! goes through the connection given, so a finalization computes its draft
-//! inside the transaction that holds its lock.
+//! inside the transaction that holds its lock. A tenant in its grace period
+//! gets a waiver line for what it spent above budget there ([`grace`]).
 
 use std::collections::BTreeMap;
 
@@ -12,6 +13,7 @@ use rust_decimal::Decimal;
 use sqlx::PgConnection;
 
 use crate::error::BillingError;
+use crate::grace;
 use crate::invoice::{InvoiceBody, InvoiceHead, UsageTotals};
 use crate::period::{parse_zone, Month};
 use crate::rating::{
@@ -63,6 +65,9 @@ pub async fn drafts(
         let mut lines = rate(&mine, &book, t.billing_mode)?;
         if let Some(pools) = reservations.remove(&t.tenant_id) {
             lines.extend(reserved_lines(&pools, &book, t.billing_mode, t.priority)?);
+        }
+        if let Some(w) = grace::waiver(conn, &book, t, month, grace::budgeted(&lines)).await? {
+            lines.push(w);
         }
         if let Some(share) = shares.get(&t.tenant_id).filter(|s| !s.is_zero()) {
             lines.push(overhead_line(*share, month));

@@ -43,6 +43,14 @@ pub struct InvoiceBody {
         skip_serializing_if = "Decimal::is_zero"
     )]
     pub reserved: Decimal,
+    /// The grace-period waiver (negative; absent outside a grace period or
+    /// under budget).
+    #[serde(
+        default,
+        with = "rust_decimal::serde::str",
+        skip_serializing_if = "Decimal::is_zero"
+    )]
+    pub waived: Decimal,
     /// Exactly the sum of every line.
     #[serde(with = "rust_decimal::serde::str")]
     pub total: Decimal,
@@ -62,6 +70,7 @@ impl InvoiceBody {
         let overhead = sum(&[LineKind::Overhead]);
         let adjustments = sum(&[LineKind::Adjustment]);
         let reserved = sum(&[LineKind::Reserved, LineKind::Credit]);
+        let waived = sum(&[LineKind::GraceWaiver]);
         Self {
             head,
             usage,
@@ -71,6 +80,7 @@ impl InvoiceBody {
             overhead,
             adjustments,
             reserved,
+            waived,
         }
     }
 

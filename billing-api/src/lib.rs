@@ -9,6 +9,7 @@
 //! - [`tenant_admin`]: the tenants seed and its validation (billing-api owns tenants and keys)
 //! - [`usage`]: hourly usage per tenant
 //! - [`budget`]: monthly budgets and their 80%/100% warnings
+//! - [`grace`]: the grace period (charges above the budget shown, not invoiced)
 //! - [`rating`]: price books, usage → lines (the rounding rule), overhead split
 //! - [`period`]: months in a time zone as UTC instants
 //! - [`rated`]: stored usage as rating groups and lines
@@ -48,6 +49,7 @@ pub mod drafts;
 pub mod error;
 pub mod export;
 pub mod extract;
+pub mod grace;
 pub mod invoice;
 pub mod lifecycle;
 pub mod lookup;

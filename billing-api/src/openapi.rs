@@ -168,6 +168,7 @@ impl Modify for CommonErrors {
         crate::routes::finalize_invoice,
         crate::routes::void_invoice,
         crate::routes::shadow_bill,
+        crate::routes::put_budget,
         crate::routes::list_invoices,
         crate::routes::focus_export,
         crate::routes::lookup_request,

@@ -122,6 +122,56 @@ pub async fn void_invoice(
     Ok(Json(invoice).into_response())
 }
 
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"amount": "12500.00"}))]
+pub struct BudgetBody {
+    /// The month's budget in the billing currency, as decimal text (money
+    /// is never a JSON number here): above 0, in cents at most.
+    #[serde(deserialize_with = "crate::extract::text")]
+    #[schema(pattern = "^[0-9][0-9,]*(\\.[0-9]{1,2})?$")]
+    amount: String,
+}
+
+/// A budget as set.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct BudgetSet {
+    tenant_id: String,
+    period: String,
+    #[serde(with = "rust_decimal::serde::str")]
+    #[schema(value_type = String)]
+    amount: Decimal,
+}
+
+#[utoipa::path(put, path = "/v1/tenants/{tenant}/budgets/{period}", params(("tenant" = TenantId, Path), ("period" = Month, Path)), request_body = BudgetBody,
+    responses(
+        (status = 200, description = "the budget as set; the shadow bill measures the month against it", body = BudgetSet),
+        (status = 403, description = "only finance sets budgets", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+        (status = 409, description = "the month's invoice is finalized: its budget no longer changes", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn put_budget(
+    State(state): State<AppState>,
+    who: Principal,
+    Path(TenantMonth { tenant, period }): Path<TenantMonth>,
+    Json(body): Json<BudgetBody>,
+) -> Result<Response, BillingError> {
+    let tenant = tenant.as_str();
+    check(&who, Some(tenant), Access::ManageMoney)?;
+    let amount = crate::budget::parse_amount(&body.amount)?;
+    let mut tx = state.pool.begin().await?;
+    crate::budget::set(&mut tx, &who, tenant, period, amount).await?;
+    tx.commit().await?;
+    Ok(Json(BudgetSet {
+        tenant_id: tenant.to_owned(),
+        period: period.to_string(),
+        amount,
+    })
+    .into_response())
+}
+
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ShadowQuery {

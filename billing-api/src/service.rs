@@ -4,7 +4,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use clap::Args;
 
@@ -71,6 +71,10 @@ pub fn app(state: AppState) -> Router {
             post(routes::void_invoice),
         )
         .route("/v1/tenants/{tenant}/shadow-bill", get(routes::shadow_bill))
+        .route(
+            "/v1/tenants/{tenant}/budgets/{period}",
+            put(routes::put_budget),
+        )
         .route("/v1/invoices", get(routes::list_invoices))
         .route("/v1/exports/focus", get(routes::focus_export))
         .route("/v1/requests/{request_id}", get(routes::lookup_request))

@@ -59,9 +59,12 @@ pub struct ShadowBill {
     pub by_api_key: BTreeMap<String, Amount>,
     /// Requests the per-key split covers, of `month_to_date.usage.requests`.
     pub by_api_key_requests: i64,
-    /// The month's budget and the share of it the month-to-date total uses
-    /// (warnings at 80% and 100%); absent when finance set none.
+    /// The month's budget and the share of it the month-to-date budgeted
+    /// charges use (warnings at 80% and 100%); absent when finance set none.
     pub budget: Option<crate::budget::BudgetStatus>,
+    /// The tenant's grace period, once it has begun real chargeback: while
+    /// it lasts, charges above the budget are shown and not invoiced.
+    pub grace: Option<crate::grace::GraceStatus>,
     pub shift: ShiftSaving,
 }
 
@@ -188,8 +191,15 @@ pub async fn shadow_bill(
         by_key.entry(key).or_default().add(requests, amount);
     }
     let by_api_key_requests = by_key.values().map(|a| a.requests).sum();
-    let budget =
-        crate::budget::for_month(conn, &tenant.tenant_id, month, month_to_date.body.total).await?;
+    let lines = &month_to_date.body.lines;
+    let budget = crate::budget::for_month(
+        conn,
+        &tenant.tenant_id,
+        month,
+        crate::grace::budgeted(lines),
+    )
+    .await?;
+    let grace = crate::grace::status(tenant, month, lines);
     let saving = cents(shift * peak.amount * book.off_peak.discount_percent / Decimal::ONE_HUNDRED);
     Ok(ShadowBill {
         tenant_id: tenant.tenant_id.clone(),
@@ -212,6 +222,7 @@ pub async fn shadow_bill(
         by_api_key: by_key,
         by_api_key_requests,
         budget,
+        grace,
         shift: ShiftSaving {
             share: shift,
             saving,

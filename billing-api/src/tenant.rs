@@ -2,6 +2,7 @@
 //! reads tenants (drafts, shadow bills, exports, lookup, the pages), so
 //! none of them imports another for it.
 
+use chrono::NaiveDate;
 use chrono_tz::Tz;
 
 use crate::rating::BillingMode;
@@ -17,4 +18,7 @@ pub struct Tenant {
     pub time_zone: Tz,
     /// 1 lowest … 5 highest: its tier (prices its dedicated replicas).
     pub priority: i16,
+    /// The first day of real chargeback (local), after its shadow month;
+    /// its first 30 days are the grace period ([`crate::grace`]).
+    pub chargeback_since: Option<NaiveDate>,
 }

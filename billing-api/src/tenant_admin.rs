@@ -6,6 +6,7 @@
 //! naming the tenant and the field, so no stored tenant can turn a
 //! finance-wide read into an error. The gateway only reads these tables.
 
+use chrono::NaiveDate;
 use serde::Deserialize;
 use sqlx::PgPool;
 
@@ -45,6 +46,11 @@ pub struct TenantSeed {
     /// it uses it, as a decimal text (`"0.30"`); enterprise tenants only.
     #[serde(default)]
     pub reserved_floor: Option<String>,
+    /// The first day of real chargeback (`YYYY-MM-DD`, the tenant's zone),
+    /// after at least one shadow month; only with `shadow: false`. Its
+    /// first 30 days are the grace period.
+    #[serde(default)]
+    pub chargeback_since: Option<String>,
     #[serde(default)]
     pub keys: Vec<KeySeed>,
     #[serde(default)]
@@ -108,6 +114,8 @@ pub struct Checked {
     pub availability_bp: Option<u32>,
     /// The reserved floor, basis points.
     pub reserved_floor_bp: Option<u32>,
+    /// The first day of real chargeback.
+    pub chargeback_since: Option<NaiveDate>,
 }
 
 impl TenantSeed {
@@ -196,9 +204,27 @@ impl TenantSeed {
                 Some(fleet::pool::share_bp(text).map_err(|e| refuse(name, "reservedFloor", e))?)
             }
         };
+        let chargeback_since = match &self.chargeback_since {
+            None => None,
+            Some(_) if self.shadow => {
+                return Err(refuse(
+                    name,
+                    "chargebackSince",
+                    "a tenant in shadow mode has not begun real chargeback (set shadow: false)",
+                ))
+            }
+            Some(text) => Some(NaiveDate::parse_from_str(text, "%Y-%m-%d").map_err(|_| {
+                refuse(
+                    name,
+                    "chargebackSince",
+                    format!("{text:?} must be a date such as 2026-11-01"),
+                )
+            })?),
+        };
         Ok(Checked {
             availability_bp: slo.availability_bp,
             reserved_floor_bp,
+            chargeback_since,
         })
     }
 }
@@ -249,6 +275,7 @@ pub async fn apply(pool: &PgPool, seed: &SeedFile) -> Result<(), BillingError> {
                 reserved_floor_bp: checked
                     .reserved_floor_bp
                     .and_then(|v| i32::try_from(v).ok()),
+                chargeback_since: checked.chargeback_since,
             },
         )
         .await?;
@@ -316,6 +343,41 @@ mod tests {
         let err = parse(&text).unwrap_err().to_string();
         assert!(
             err.contains("reservedFloor") && err.contains("only enterprise"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn chargeback_since_is_a_date_on_a_tenant_out_of_shadow_mode() {
+        let base = include_str!("../../config/tenants.yaml");
+        let acme = |extra: &str| {
+            base.replacen(
+                "    shadow: false",
+                &format!("    shadow: false\n    {extra}"),
+                1,
+            )
+        };
+        let file = parse(&acme("chargebackSince: \"2026-11-01\"")).unwrap();
+        assert_eq!(
+            file.tenants[0].validate().unwrap().chargeback_since,
+            Some("2026-11-01".parse().unwrap())
+        );
+        let err = parse(&acme("chargebackSince: \"November\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("chargebackSince") && err.contains("acme-corp"),
+            "{err}"
+        );
+        // finserv-team is in shadow mode.
+        let text = base.replacen(
+            "shadow: true",
+            "shadow: true\n    chargebackSince: \"2026-11-01\"",
+            1,
+        );
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("chargebackSince") && err.contains("shadow mode"),
             "{err}"
         );
     }

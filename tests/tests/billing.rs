@@ -37,6 +37,9 @@ impl Billing {
         if method == Method::POST && path.ends_with("/void") {
             req = req.json(&serde_json::json!({"reason": "wrong rate applied"}));
         }
+        if method == Method::PUT && path.contains("/budgets/") {
+            req = req.json(&serde_json::json!({"amount": "1250.00"}));
+        }
         let res = req.send().await.unwrap();
         (res.status(), res.text().await.unwrap())
     }
@@ -345,6 +348,120 @@ async fn finalized_invoices_never_change_and_late_usage_is_adjusted_next_month()
     assert_eq!(refinal["number"], 3);
 }
 
+impl Billing {
+    async fn put_budget(&self, tenant: &str, period: &str, amount: Value) -> (StatusCode, String) {
+        let res = self
+            .client
+            .put(format!("{}/v1/tenants/{tenant}/budgets/{period}", self.url))
+            .bearer_auth(FINANCE)
+            .json(&serde_json::json!({ "amount": amount }))
+            .send()
+            .await
+            .unwrap();
+        (res.status(), res.text().await.unwrap())
+    }
+}
+
+#[tokio::test]
+async fn a_grace_period_waives_only_the_charges_above_budget_that_accrue_in_it() {
+    let b = start().await;
+    // Real chargeback since 16 September (New York): the grace period runs
+    // through 15 October. P1 GPU-hours are $1.00, all at peak hours.
+    sqlx::query("UPDATE tenants SET chargeback_since = '2026-09-16' WHERE tenant_id = 'p1-team'")
+        .execute(&b.pool)
+        .await
+        .unwrap();
+    for period in ["2026-09", "2026-10", "2026-11"] {
+        let (status, body) = b.put_budget("p1-team", period, "5.00".into()).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // Money is never a JSON number, and a budget is positive, in cents.
+    for bad in [serde_json::json!(5.0), "-1".into(), "5.001".into()] {
+        let (status, body) = b.put_budget("p1-team", "2026-12", bad.clone()).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body.contains("\"error\""), "{body}");
+    }
+    let (status, _) = b.put_budget("nobody", "2026-12", "5.00".into()).await;
+    assert_eq!(status, 404);
+    let res = b
+        .client
+        .put(format!("{}/v1/tenants/p1-team/budgets/2026-12", b.url))
+        .bearer_auth(LEAD)
+        .json(&serde_json::json!({"amount": "1.00"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 403, "only finance sets budgets");
+
+    // September: $3 before grace, $4 in it: $2 of it above the $5 budget.
+    usage(&b.pool, "p1-team", 1, utc(2026, 9, 10, 18), 3).await;
+    usage(&b.pool, "p1-team", 1, utc(2026, 9, 20, 18), 4).await;
+    let september = b.json("/v1/tenants/p1-team/invoices/2026-09").await;
+    let waiver = lines_of(&september, "grace_waiver");
+    assert_eq!(waiver.len(), 1, "{september}");
+    assert_eq!(dec(&waiver[0]["amount"]), Decimal::new(-200, 2));
+    assert_eq!(dec(&september["waived"]), Decimal::new(-200, 2));
+    assert_eq!(
+        dec(&september["total"]),
+        Decimal::new(700 - 200, 2) + dec(&september["overhead"]),
+        "the overhead share is outside the budget and invoiced: {september}"
+    );
+
+    // October: $8 in grace (3 above budget, waived), then $2 after it
+    // (invoiced in full, though above budget).
+    usage(&b.pool, "p1-team", 1, utc(2026, 10, 5, 18), 8).await;
+    usage(&b.pool, "p1-team", 1, utc(2026, 10, 20, 18), 2).await;
+    let bill = b
+        .json("/v1/tenants/p1-team/shadow-bill?period=2026-10")
+        .await;
+    assert_eq!(bill["grace"]["since"], "2026-09-16", "{}", bill["grace"]);
+    assert_eq!(bill["grace"]["last_day"], "2026-10-15");
+    assert_eq!(bill["grace"]["this_month"], true);
+    assert_eq!(dec(&bill["grace"]["waived"]), Decimal::new(300, 2));
+    assert_eq!(dec(&bill["budget"]["spent"]), Decimal::new(1000, 2));
+    assert_eq!(bill["budget"]["level"], "exceeded");
+    let october = &bill["month_to_date"];
+    assert_eq!(dec(&october["waived"]), Decimal::new(-300, 2), "{october}");
+
+    // November is past the grace period: over budget, all invoiced.
+    usage(&b.pool, "p1-team", 1, utc(2026, 11, 10, 18), 9).await;
+    let november = b
+        .json("/v1/tenants/p1-team/shadow-bill?period=2026-11")
+        .await;
+    assert_eq!(november["grace"]["this_month"], false);
+    assert!(lines_of(&november["month_to_date"], "grace_waiver").is_empty());
+    assert_eq!(november["budget"]["level"], "exceeded");
+
+    // A tenant without chargeback_since has no grace period at all.
+    usage(&b.pool, "p5-team", 1, utc(2026, 10, 5, 18), 8).await;
+    let (status, _) = b.put_budget("p5-team", "2026-10", "5.00".into()).await;
+    assert_eq!(status, 200);
+    let p5 = b
+        .json("/v1/tenants/p5-team/shadow-bill?period=2026-10")
+        .await;
+    assert!(p5["grace"].is_null(), "{}", p5["grace"]);
+    assert!(lines_of(&p5["month_to_date"], "grace_waiver").is_empty());
+
+    // Finalized, October keeps its waiver and its budget no longer changes.
+    let finalized = b
+        .post("/v1/tenants/p1-team/invoices/2026-10/finalize")
+        .await;
+    assert_eq!(dec(&finalized["waived"]), Decimal::new(-300, 2));
+    let (status, body) = b.put_budget("p1-team", "2026-10", "50.00".into()).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("finalized"), "{body}");
+
+    // Late October usage: an hour in grace (above budget: waived too) and
+    // an hour after it (billed). November adjusts October by $1.00, not $2.
+    usage(&b.pool, "p1-team", 1, utc(2026, 10, 6, 18), 1).await;
+    usage(&b.pool, "p1-team", 1, utc(2026, 10, 25, 18), 1).await;
+    let november = b.json("/v1/tenants/p1-team/invoices/2026-11").await;
+    let adj = lines_of(&november, "adjustment");
+    assert_eq!(adj.len(), 1, "{november}");
+    assert_eq!(adj[0]["adjusts"], "2026-10");
+    assert_eq!(dec(&adj[0]["amount"]), Decimal::new(100, 2));
+}
+
 #[tokio::test]
 async fn a_dedicated_pool_is_billed_to_its_owner_once_and_lent_hours_to_the_borrower() {
     let b = start().await;
@@ -615,6 +732,20 @@ async fn every_endpoint_for_every_role() {
         (
             Method::POST,
             "/v1/tenants/p5-team/invoices/2026-09/void".into(),
+            200,
+            404,
+            403,
+        ),
+        (
+            Method::PUT,
+            "/v1/tenants/p1-team/budgets/2026-12".into(),
+            200,
+            403,
+            403,
+        ),
+        (
+            Method::PUT,
+            "/v1/tenants/p5-team/budgets/2026-12".into(),
             200,
             404,
             403,

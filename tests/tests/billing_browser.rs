@@ -620,6 +620,51 @@ async fn finance_finalizes_and_closes_the_month_by_clicking_through_the_confirma
         finance.text("#close-report").await,
         format!("Finalized 0 invoice(s); {TENANTS} were already finalized.")
     );
+
+    // Void acme-corp's invoice: refused without the box, then voided with
+    // its reason; the month is a draft again, to be finalized anew.
+    let number = inv["number"].as_i64().unwrap();
+    finance.open(&path).await;
+    finance
+        .fill("input[name=reason]", "wrong rate applied")
+        .await;
+    finance.click("#void").await;
+    assert_eq!(finance.status().await, 400);
+    assert!(finance.text("p.error").await.contains("confirm"));
+    let voided = |reason: &str| {
+        format!(
+            "SELECT count(*) FROM invoices WHERE tenant_id = 'acme-corp' AND period = '{MONTH}'
+             AND number = {number} AND status = 'voided' AND void_reason = '{reason}'"
+        )
+    };
+    assert_eq!(site.stack.count(&voided("wrong rate applied")).await, 0);
+    finance.open(&path).await;
+    finance
+        .fill("input[name=reason]", "wrong rate applied")
+        .await;
+    finance
+        .tick("form[action$='/void'] input[name=confirm]")
+        .await;
+    finance.click("#void").await;
+    assert_eq!(
+        finance.status().await,
+        200,
+        "{}",
+        finance.source_text().await
+    );
+    assert_eq!(finance.path().await, path, "back on the invoice");
+    assert_eq!(site.stack.count(&voided("wrong rate applied")).await, 1);
+    let inv = site
+        .api(&format!("/v1/tenants/acme-corp/invoices/{MONTH}"))
+        .await;
+    assert_eq!(
+        inv["status"], "draft",
+        "voided: the month is open again: {inv}"
+    );
+    assert_eq!(finance.text("#status").await, "draft");
+    assert!(finance.has("#finalize").await, "it can be finalized again");
+    assert!(!finance.has("#void").await);
+    finance.screenshot("voided").await;
     finance.close().await;
 }
 
@@ -634,9 +679,11 @@ async fn a_budget_set_in_the_page_warns_on_the_team_leads_page_and_in_the_api() 
         "no budget yet: {}",
         bill["budget"]
     );
-    let mtd = dec(&bill["month_to_date"]["total"]);
+    // A budget covers usage and reserved capacity, not the overhead share.
+    let mtd = &bill["month_to_date"];
+    let spent = dec(&mtd["subtotal"]) + mtd.get("reserved").map(dec).unwrap_or_default();
     // A budget the month has used ~91% of: a warning, not over.
-    let budget = (mtd * Decimal::new(11, 1)).round_dp(2);
+    let budget = (spent * Decimal::new(11, 1)).round_dp(2);
 
     let finance = site.browser("finance").await;
     finance.sign_in(FINANCE).await;
@@ -681,6 +728,53 @@ async fn a_budget_set_in_the_page_warns_on_the_team_leads_page_and_in_the_api() 
         "only finance sets budgets"
     );
     lead.screenshot("budget-warning").await;
+    assert!(!lead.has("#grace-note").await, "no grace period yet");
+
+    // acme-corp began real chargeback on the month's first day: its whole
+    // month is in the grace period. With the budget at half of what it
+    // spent, the other half is shown and not invoiced.
+    sqlx::query("UPDATE tenants SET chargeback_since = $1 WHERE tenant_id = 'acme-corp'")
+        .bind(chrono::NaiveDate::parse_from_str(&format!("{MONTH}-01"), "%Y-%m-%d").unwrap())
+        .execute(&site.stack.pool)
+        .await
+        .unwrap();
+    let half = (spent / Decimal::from(2)).round_dp(2);
+    let finance = site.browser("finance-grace").await;
+    finance.sign_in(FINANCE).await;
+    finance.open(&page).await;
+    finance.fill("input[name=amount]", &half.to_string()).await;
+    finance
+        .click("form[action$='/budget'] button[type=submit]")
+        .await;
+    assert_eq!(
+        finance.status().await,
+        200,
+        "{}",
+        finance.source_text().await
+    );
+    finance.close().await;
+    let bill = site
+        .api(&format!("/v1/tenants/acme-corp/shadow-bill?period={MONTH}"))
+        .await;
+    assert_eq!(bill["budget"]["level"], "exceeded", "{}", bill["budget"]);
+    assert_eq!(bill["grace"]["this_month"], true, "{}", bill["grace"]);
+    assert_eq!(dec(&bill["grace"]["waived"]), spent - half);
+    let invoice = &bill["month_to_date"];
+    assert_eq!(dec(&invoice["waived"]), half - spent, "{invoice}");
+    lead.open(&page).await;
+    let note = lead.text("#grace-note").await;
+    assert!(
+        note.starts_with("Grace period: real chargeback since"),
+        "{note}"
+    );
+    assert_eq!(lead.amount("#grace-waived").await, spent - half);
+    assert_eq!(lead.amount("#month-to-date").await, dec(&invoice["total"]));
+    lead.screenshot("grace-period").await;
+    // The invoice page shows the waiver among the lines and totals.
+    lead.open(&format!("/pages/tenants/acme-corp/invoices/{MONTH}"))
+        .await;
+    assert_eq!(lead.amount("#waived").await, half - spent);
+    assert_eq!(lead.amount("#invoice-total").await, dec(&invoice["total"]));
     lead.close().await;
 }
 

@@ -289,6 +289,36 @@ async fn pages_for_every_role_agree_with_the_api() {
     assert_eq!(shown(&page, "grand-total"), api_total);
     let token = csrf(&page);
 
+    // A budget set from the page warns on the page and in the API.
+    // A budget covers usage and reserved capacity, not the overhead share.
+    let mtd = &bill["month_to_date"];
+    let spent = dec(&mtd["subtotal"]) + mtd.get("reserved").map(dec).unwrap_or_default();
+    let budget = (spent * Decimal::new(11, 1)).round_dp(2); // ~91% used
+    let (status, _) = p
+        .post(
+            &fb,
+            "/pages/tenants/acme-corp/budget",
+            &[
+                ("csrf", &token),
+                ("period", "2026-10"),
+                ("amount", &budget.to_string()),
+            ],
+        )
+        .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let bill = p
+        .api(
+            reqwest::Method::GET,
+            "/v1/tenants/acme-corp/shadow-bill?period=2026-10",
+            None,
+        )
+        .await;
+    assert_eq!(bill["budget"]["level"], "warning", "{bill}");
+    let (_, page) = p
+        .get(&lb, "/pages/tenants/acme-corp/shadow-bill?period=2026-10")
+        .await;
+    assert!(page.contains("Budget warning"), "{page}");
+
     // Finalize from the page: CSRF and the confirmation are required.
     let path = "/pages/tenants/acme-corp/invoices/2026-10/finalize";
     let (status, _) = p
@@ -335,33 +365,16 @@ async fn pages_for_every_role_agree_with_the_api() {
         "{page}"
     );
 
-    // A budget set from the page warns on the page and in the API.
-    let mtd = dec(&bill["month_to_date"]["total"]);
-    let budget = (mtd * Decimal::new(11, 1)).round_dp(2); // ~91% used
-    let (status, _) = p
+    // Closed, October's budget is history: the page refuses to change it.
+    let (status, page) = p
         .post(
             &fb,
             "/pages/tenants/acme-corp/budget",
-            &[
-                ("csrf", &token),
-                ("period", "2026-10"),
-                ("amount", &budget.to_string()),
-            ],
+            &[("csrf", &token), ("period", "2026-10"), ("amount", "1.00")],
         )
         .await;
-    assert_eq!(status, StatusCode::SEE_OTHER);
-    let bill = p
-        .api(
-            reqwest::Method::GET,
-            "/v1/tenants/acme-corp/shadow-bill?period=2026-10",
-            None,
-        )
-        .await;
-    assert_eq!(bill["budget"]["level"], "warning", "{bill}");
-    let (_, page) = p
-        .get(&lb, "/pages/tenants/acme-corp/shadow-bill?period=2026-10")
-        .await;
-    assert!(page.contains("Budget warning"), "{page}");
+    assert_eq!(status, StatusCode::CONFLICT, "{page}");
+    assert!(page.contains("finalized"), "{page}");
 
     // Tokens: issued from the page (shown once), revoked from the page; the
     // revoked token's session ends at once.

@@ -232,7 +232,7 @@ fn focus_rows<'a>(
         for l in &inv.body.lines {
             let (category, class) = match l.kind {
                 LineKind::Usage | LineKind::Overhead => ("Usage", None),
-                LineKind::Discount | LineKind::Credit => ("Credit", None),
+                LineKind::Discount | LineKind::Credit | LineKind::GraceWaiver => ("Credit", None),
                 // A dedicated pool, billed whether used or not.
                 LineKind::Reserved => ("Usage", None),
                 // Late usage for a month already invoiced.
@@ -307,7 +307,9 @@ fn pricing(l: &Line) -> Option<Pricing> {
             consumed_quantity: Decimal::ONE,
             consumed_unit: "Month",
         }),
-        LineKind::Discount | LineKind::Adjustment | LineKind::Credit => None,
+        LineKind::Discount | LineKind::Adjustment | LineKind::Credit | LineKind::GraceWaiver => {
+            None
+        }
     }
 }
 
@@ -328,7 +330,9 @@ fn sku(l: &Line, price_book: &str) -> Option<Sku> {
             },
             "Reserved GPU Hours",
         ),
-        LineKind::Discount | LineKind::Adjustment | LineKind::Credit => return None,
+        LineKind::Discount | LineKind::Adjustment | LineKind::Credit | LineKind::GraceWaiver => {
+            return None
+        }
     };
     Some(Sku {
         price_id: format!("{id}@{price_book}"),
@@ -511,6 +515,7 @@ mod tests {
             shadow,
             time_zone: tz,
             priority: 3,
+            chargeback_since: None,
         }
     }
 

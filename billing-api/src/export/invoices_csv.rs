@@ -74,5 +74,6 @@ fn kind(k: LineKind) -> &'static str {
         LineKind::Adjustment => "adjustment",
         LineKind::Reserved => "reserved",
         LineKind::Credit => "credit",
+        LineKind::GraceWaiver => "grace_waiver",
     }
 }

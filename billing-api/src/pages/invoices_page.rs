@@ -126,6 +126,12 @@ fn lines_table(inv: &Invoice) -> Markup {
             }
             tfoot {
                 tr { th colspan="3" { "Subtotal" } th.num { (money(inv.body.subtotal, cur)) } }
+                @if !inv.body.reserved.is_zero() {
+                    tr { th colspan="3" { "Reserved capacity (net of credits)" } th.num #reserved { (money(inv.body.reserved, cur)) } }
+                }
+                @if !inv.body.waived.is_zero() {
+                    tr { th colspan="3" { "Grace period: above the budget, not invoiced" } th.num #waived { (money(inv.body.waived, cur)) } }
+                }
                 tr { th colspan="3" { "Shared overhead" } th.num { (money(inv.body.overhead, cur)) } }
                 tr { th colspan="3" { "Adjustments" } th.num { (money(inv.body.adjustments, cur)) } }
                 tr { th colspan="3" { "Total" } th.num #invoice-total { (money(inv.body.total, cur)) } }

@@ -3,7 +3,8 @@
 //! by hour of day with the off-peak window shaded (in the price book's
 //! zone), peak vs off-peak, last full month's "what you would have paid",
 //! the saving from moving a chosen share of peak load off-peak (computed by
-//! the server from the form's input), and the month's budget.
+//! the server from the form's input), the month's budget, and the grace
+//! period's note (what above the budget is not invoiced).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -24,7 +25,7 @@ use crate::params::TenantId;
 use crate::period::Month;
 use crate::routes::known_tenant;
 use crate::state::AppState;
-use crate::{budget, lifecycle, shadow, store};
+use crate::{budget, lifecycle, shadow};
 
 #[derive(Deserialize)]
 pub struct ShadowQuery {
@@ -103,6 +104,17 @@ pub async fn show(
                 p.warn #budget-warning { "Budget warning: " (percent(b.share_used)) " of " (money(b.amount, cur)) " used." }
             }
         }
+        @if let Some(g) = bill.grace.as_ref().filter(|g| g.this_month) {
+            p.warn #grace-note {
+                "Grace period: real chargeback since " (g.since) ", through " (g.last_day)
+                ". Charges above the budget that accrue in it are shown here and not invoiced"
+                @if bill.budget.is_some() {
+                    ": " strong #grace-waived { (money(g.waived, cur)) } " not invoiced for " (month) " so far."
+                } @else {
+                    "; no budget is set for " (month) ", so everything is invoiced."
+                }
+            }
+        }
         div.cards {
             div.card { div { "Month to date" } div.big #month-to-date { (money(mtd.total, cur)) } div.note { (count(mtd.usage.requests)) " requests" } }
             div.card { div { "Projected for the month" } div.big #projected { (money(bill.projected_month_total, cur)) } }
@@ -116,7 +128,7 @@ pub async fn show(
                 }
             }
             @if let Some(b) = &bill.budget {
-                div.card { div { "Budget" } div.big #budget { (money(b.amount, cur)) } div.note #budget-used { (percent(b.share_used)) " used" } }
+                div.card { div { "Budget" } div.big #budget { (money(b.amount, cur)) } div.note #budget-used { (percent(b.share_used)) " used: " (money(b.spent, cur)) " of usage and capacity (the overhead share is not budgeted)" } }
             }
         }
         h2 { "Daily cost by model" }
@@ -188,16 +200,7 @@ pub async fn set_budget(
     let month = Month::parse(&form.period)?;
     let amount = budget::parse_amount(&form.amount)?;
     let mut tx = state.pool.begin().await?;
-    known_tenant(&mut tx, tenant).await?;
-    store::budgets::put(&mut tx, tenant, month, amount, &user.who.token_id).await?;
-    audit(
-        &mut tx,
-        &user.who,
-        "set_budget",
-        Some(tenant),
-        Some(&format!("{month}: {amount}")),
-    )
-    .await?;
+    budget::set(&mut tx, &user.who, tenant, month, amount).await?;
     tx.commit().await?;
     Ok(Redirect::to(&format!(
         "/pages/tenants/{tenant}/shadow-bill?period={month}"

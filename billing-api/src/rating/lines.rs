@@ -61,6 +61,9 @@ pub enum LineKind {
     /// Taken off a reservation: the owner's own usage on it, and what
     /// other tenants borrowed (billed to them).
     Credit,
+    /// Taken off during a tenant's grace period: the charges above its
+    /// budget that accrued in it ([`crate::grace`]).
+    GraceWaiver,
 }
 
 /// One invoice line.

@@ -2,6 +2,7 @@
 //! [`Tenant`]s here; a stored row that does not parse (written before
 //! billing-api validated tenants) is a server fault naming the tenant.
 
+use chrono::NaiveDate;
 use sqlx::PgConnection;
 
 use crate::error::BillingError;
@@ -14,28 +15,33 @@ pub async fn list(
     conn: &mut PgConnection,
     ids: Option<&[String]>,
 ) -> Result<Vec<Tenant>, BillingError> {
-    let rows: Vec<(String, String, String, bool, String, i16)> = sqlx::query_as(
-        "SELECT tenant_id, display_name, billing_mode, shadow, time_zone, priority FROM tenants
+    type Row = (String, String, String, bool, String, i16, Option<NaiveDate>);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT tenant_id, display_name, billing_mode, shadow, time_zone, priority,
+                chargeback_since FROM tenants
          WHERE $1::text[] IS NULL OR tenant_id = ANY($1) ORDER BY tenant_id",
     )
     .bind(ids)
     .fetch_all(&mut *conn)
     .await?;
     rows.into_iter()
-        .map(|(tenant_id, display_name, mode, shadow, tz, priority)| {
-            Ok(Tenant {
-                billing_mode: BillingMode::parse(&mode).ok_or_else(|| {
-                    BillingError::Internal(format!("tenant {tenant_id}: billing_mode {mode:?}"))
-                })?,
-                time_zone: parse_zone(&tz).map_err(|_| {
-                    BillingError::Internal(format!("tenant {tenant_id}: time_zone {tz:?}"))
-                })?,
-                tenant_id,
-                display_name,
-                shadow,
-                priority,
-            })
-        })
+        .map(
+            |(tenant_id, display_name, mode, shadow, tz, priority, chargeback_since)| {
+                Ok(Tenant {
+                    billing_mode: BillingMode::parse(&mode).ok_or_else(|| {
+                        BillingError::Internal(format!("tenant {tenant_id}: billing_mode {mode:?}"))
+                    })?,
+                    time_zone: parse_zone(&tz).map_err(|_| {
+                        BillingError::Internal(format!("tenant {tenant_id}: time_zone {tz:?}"))
+                    })?,
+                    tenant_id,
+                    display_name,
+                    shadow,
+                    priority,
+                    chargeback_since,
+                })
+            },
+        )
         .collect()
 }
 
@@ -81,6 +87,8 @@ pub struct TenantRow<'a> {
     pub slo_best_effort: bool,
     /// Share of each model pool's KV kept for it, basis points.
     pub reserved_floor_bp: Option<i32>,
+    /// The first day of real chargeback (see [`crate::grace`]).
+    pub chargeback_since: Option<NaiveDate>,
 }
 
 /// Upserts a tenant.
@@ -89,8 +97,9 @@ pub async fn put(conn: &mut PgConnection, t: &TenantRow<'_>) -> Result<(), Billi
         "INSERT INTO tenants (tenant_id, display_name, plan, priority, wfq_weight, billing_mode,
              shadow, time_zone, requests_per_second, burst, max_concurrency,
              max_kv_gib_seconds, slo_ttft_p95_ms, slo_e2e_p95_ms, slo_availability_bp,
-             slo_best_effort, reserved_floor_bp)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+             slo_best_effort, reserved_floor_bp, chargeback_since)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+             $18)
          ON CONFLICT (tenant_id) DO UPDATE SET display_name = EXCLUDED.display_name,
              plan = EXCLUDED.plan, priority = EXCLUDED.priority,
              wfq_weight = EXCLUDED.wfq_weight, billing_mode = EXCLUDED.billing_mode,
@@ -102,7 +111,8 @@ pub async fn put(conn: &mut PgConnection, t: &TenantRow<'_>) -> Result<(), Billi
              slo_e2e_p95_ms = EXCLUDED.slo_e2e_p95_ms,
              slo_availability_bp = EXCLUDED.slo_availability_bp,
              slo_best_effort = EXCLUDED.slo_best_effort,
-             reserved_floor_bp = EXCLUDED.reserved_floor_bp, updated_at = now()",
+             reserved_floor_bp = EXCLUDED.reserved_floor_bp,
+             chargeback_since = EXCLUDED.chargeback_since, updated_at = now()",
     )
     .bind(t.tenant_id)
     .bind(t.display_name)
@@ -121,6 +131,7 @@ pub async fn put(conn: &mut PgConnection, t: &TenantRow<'_>) -> Result<(), Billi
     .bind(t.slo_availability_bp)
     .bind(t.slo_best_effort)
     .bind(t.reserved_floor_bp)
+    .bind(t.chargeback_since)
     .execute(&mut *conn)
     .await?;
     Ok(())
