@@ -336,7 +336,7 @@ fn csv_response(body: String, next: Option<String>) -> Response {
 
 #[utoipa::path(get, path = "/v1/requests/{request_id}", params(("request_id" = RequestId, Path)),
     responses(
-        (status = 200, description = "the request and its invoice, without money", body = crate::lookup::Lookup),
+        (status = 200, description = "the request and the invoice it was billed on, without money, from request_log or (past its retention) the archive", body = crate::lookup::Lookup),
         (status = 404, description = "no such request, or (for a team lead) another tenant's", body = crate::openapi::ErrorBody),
     ),
     security(("bearer" = []))
@@ -347,7 +347,7 @@ pub async fn lookup_request(
     Path(RequestId(id)): Path<RequestId>,
 ) -> Result<Response, BillingError> {
     let mut conn = state.pool.acquire().await?;
-    let found = lookup::lookup(&mut conn, id)
+    let found = lookup::lookup(&mut conn, state.archive.as_ref(), id)
         .await?
         .ok_or(BillingError::NotFound)?;
     check(&who, Some(&found.request.tenant_id), Access::LookupRequest)?;

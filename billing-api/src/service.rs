@@ -47,6 +47,13 @@ pub struct BillingConfig {
     /// Mark session cookies `Secure` (set when billing-api is served over TLS).
     #[arg(long, env = "BILLING_SECURE_COOKIES", default_value_t = false)]
     pub secure_cookies: bool,
+    /// The Parquet archive, where request lookups find requests past
+    /// request_log's 30 days: the archiver's `ARCHIVE_URL` (a directory,
+    /// `file:///…` or `s3://bucket/prefix`, with the usual `AWS_*`
+    /// variables); its manifest is in `DATABASE_URL`. `off`: lookups read
+    /// request_log only.
+    #[arg(long, env = "ARCHIVE_URL", default_value = ".stack/archive")]
+    pub archive_url: String,
     /// Slow-client bounds and the shutdown grace of the listener.
     #[command(flatten)]
     pub http: serving::HttpSettings,
@@ -160,6 +167,16 @@ pub async fn run(
         tracing::info!(version = %book.version, "price book loaded");
     }
     drop(conn);
+    let archive = match config.archive_url.as_str() {
+        "off" => None,
+        url => Some(crate::lookup::Archive {
+            pool: pool.clone(),
+            store: std::sync::Arc::new(
+                archive::store::open(url)
+                    .map_err(|e| BillingError::Config(format!("ARCHIVE_URL {url:?}: {e}")))?,
+            ),
+        }),
+    };
     tracing::info!(addr = %config.addr, "billing-api listening");
     let state = AppState {
         pool,
@@ -167,6 +184,7 @@ pub async fn run(
         metrics_token_hash,
         session_lifetime: Duration::from_secs(config.session_minutes.saturating_mul(60)),
         secure_cookies: config.secure_cookies,
+        archive,
     };
     serving::serve(listener, app(state), config.http, shutdown)
         .await

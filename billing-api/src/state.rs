@@ -16,11 +16,14 @@ pub struct AppState {
     pub session_lifetime: Duration,
     /// Whether session cookies carry `Secure` (behind TLS).
     pub secure_cookies: bool,
+    /// Where request lookups find requests past request_log's retention
+    /// (`None`: request_log only).
+    pub archive: Option<crate::lookup::Archive>,
 }
 
 impl AppState {
     /// State on `pool` with the defaults: `/metrics` closed, 8-hour
-    /// sessions, cookies without `Secure`.
+    /// sessions, cookies without `Secure`, lookups in request_log only.
     pub fn new(pool: PgPool) -> Self {
         Self {
             pool,
@@ -28,6 +31,7 @@ impl AppState {
             metrics_token_hash: None,
             session_lifetime: Duration::from_secs(8 * 3600),
             secure_cookies: false,
+            archive: None,
         }
     }
 }

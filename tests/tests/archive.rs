@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use archive::format::ArchivedRequest;
 use archive::store::ArchiveStore;
-use chrono::{DateTime, DurationRound, NaiveDate, TimeDelta, Utc};
+use chrono::{DateTime, Datelike, DurationRound, NaiveDate, TimeDelta, Utc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rollup::retention::{self, ArchiveRule};
@@ -816,4 +816,177 @@ async fn bad_archiver_settings_exit_non_zero_naming_the_setting() {
         );
         assert!(!stderr.contains("panicked"), "no panic: {stderr}");
     }
+}
+
+/// GET `path` on billing-api as `token`: the status and the JSON body.
+async fn billing_get(url: &str, path: &str, token: &str) -> (u16, serde_json::Value) {
+    let res = reqwest::Client::new()
+        .get(format!("{url}{path}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn support_finds_a_request_of_any_age_and_the_invoice_it_was_billed_on() {
+    const FINANCE: &str = "finance-token-for-archive-lookup";
+    const LEAD: &str = "lead-token-for-archive-lookup-01";
+    let stack = TestStack::new("archlookup").await;
+    seed_tenants(&stack.pool).await;
+    sqlx::query(
+        "INSERT INTO billing_tokens (token_id, token_hash, role, tenant_id)
+         VALUES ('lead', sha256($1::bytea), 'team_lead', $2)",
+    )
+    .bind(LEAD.as_bytes())
+    .bind(TENANTS[0])
+    .execute(&stack.pool)
+    .await
+    .unwrap();
+    let target = Target::new(&stack, false).await;
+    let store = target.open();
+    let api = tests::billing::start_billing_api_with(
+        &stack.database_url,
+        FINANCE,
+        &[("ARCHIVE_URL", target.url.clone())],
+    )
+    .await;
+    // A day 70 days back: its month and the next have ended.
+    let mut rng = StdRng::seed_from_u64(18);
+    let old_day = (Utc::now() - TimeDelta::days(70))
+        .duration_trunc(TimeDelta::days(1))
+        .unwrap();
+    let events: Vec<UsageEvent> = (0..50)
+        .map(|i| {
+            event(
+                &mut rng,
+                old_day + TimeDelta::seconds(i * 600),
+                TENANTS[i as usize % 5],
+            )
+        })
+        .collect();
+    insert_logged(&stack.pool, &events).await;
+    let tenant = TENANTS[0];
+    let month = old_day.format("%Y-%m").to_string();
+    let next = (old_day.date_naive().with_day(1).unwrap() + chrono::Months::new(1))
+        .format("%Y-%m")
+        .to_string();
+    let finalize = |period: String| {
+        let url = api.url.clone();
+        async move {
+            let res = reqwest::Client::new()
+                .post(format!(
+                    "{url}/v1/tenants/{tenant}/invoices/{period}/finalize"
+                ))
+                .bearer_auth(FINANCE)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200, "finalize {period}");
+            res.json::<serde_json::Value>().await.unwrap()
+        }
+    };
+    let first = finalize(month.clone()).await;
+
+    // A request of that month ingested after its invoice was finalized.
+    let mut late = event(&mut rng, old_day + TimeDelta::hours(20), tenant);
+    late.priority = 3;
+    // Enough tokens that its adjustment is more than a rounding to 0.
+    (
+        late.prompt_tokens,
+        late.cached_tokens,
+        late.completion_tokens,
+    ) = (2_000_000, 0, 500_000);
+    insert_logged(&stack.pool, std::slice::from_ref(&late)).await;
+    sqlx::query(
+        "INSERT INTO usage_hourly (tenant_id, model, priority, hour, requests, prompt_tokens,
+             cached_tokens, completion_tokens, gpu_seconds)
+         VALUES ($1, $2, $3, date_trunc('hour', $4::timestamptz), 1, $5, $6, $7, $8)",
+    )
+    .bind(&late.tenant_id)
+    .bind(&late.model)
+    .bind(late.priority)
+    .bind(late.started_at)
+    .bind(late.prompt_tokens)
+    .bind(late.cached_tokens)
+    .bind(late.completion_tokens)
+    .bind(late.gpu_seconds)
+    .execute(&stack.pool)
+    .await
+    .unwrap();
+    let on_time = events.iter().find(|e| e.tenant_id == tenant).unwrap();
+    let path = |e: &UsageEvent| format!("/v1/requests/{}", e.request_id);
+
+    let (status, found) = billing_get(&api.url, &path(on_time), FINANCE).await;
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(found["source"], "request_log");
+    assert_eq!(found["invoice"]["period"], month);
+    assert_eq!(found["invoice"]["number"], first["number"]);
+    assert!(found["invoice"]["adjusts"].is_null(), "{found}");
+    let (_, late_found) = billing_get(&api.url, &path(&late), FINANCE).await;
+    assert_eq!(
+        late_found["invoice"],
+        serde_json::json!({"period": next, "status": "draft", "number": null, "adjusts": month}),
+        "billed on the next draft as an adjustment, not on the invoice that never held it"
+    );
+    let adjusted = finalize(next.clone()).await;
+    assert!(
+        adjusted["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["kind"] == "adjustment" && l["adjusts"] == month.as_str()),
+        "{adjusted}"
+    );
+    let (_, late_found) = billing_get(&api.url, &path(&late), FINANCE).await;
+    assert_eq!(late_found["invoice"]["period"], next);
+    assert_eq!(late_found["invoice"]["status"], "finalized");
+    assert_eq!(late_found["invoice"]["number"], adjusted["number"]);
+    assert_eq!(late_found["invoice"]["adjusts"], month);
+    let before: Vec<serde_json::Value> = {
+        let mut v = Vec::new();
+        for e in [on_time, &late] {
+            v.push(billing_get(&api.url, &path(e), FINANCE).await.1);
+        }
+        v
+    };
+
+    // Retention drops the day once it is archived; lookups then read the
+    // archive and answer the same record and invoice.
+    while archive::queue::pending(&stack.pool, 1).await.unwrap().len() == 1 {
+        archive::archiver::archive_batch(&stack.pool, &store, 1000, false)
+            .await
+            .unwrap();
+    }
+    let dropped = retention::drop_expired(
+        &stack.pool,
+        Utc::now().date_naive(),
+        30,
+        &ArchiveRule::Require,
+    )
+    .await
+    .unwrap();
+    assert_eq!(dropped, vec![old_day.date_naive()]);
+    for (e, was) in [on_time, &late].into_iter().zip(&before) {
+        let (status, now) = billing_get(&api.url, &path(e), FINANCE).await;
+        assert_eq!(status, 200, "{now}");
+        assert_eq!(now["source"], "archive", "{now}");
+        assert_eq!(now["request"], was["request"], "the same record");
+        assert_eq!(now["invoice"], was["invoice"], "the same invoice");
+    }
+    // Same roles and tenant scoping as request_log's lookups.
+    let (status, _) = billing_get(&api.url, &path(on_time), LEAD).await;
+    assert_eq!(status, 200, "a team lead finds their own tenant's request");
+    let other = events.iter().find(|e| e.tenant_id != tenant).unwrap();
+    let (status, body) = billing_get(&api.url, &path(other), LEAD).await;
+    assert_eq!(
+        status, 404,
+        "another tenant's request does not exist: {body}"
+    );
+    let unknown = RequestId::at(old_day + TimeDelta::hours(3));
+    let (status, body) = billing_get(&api.url, &format!("/v1/requests/{unknown}"), FINANCE).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "not_found");
 }

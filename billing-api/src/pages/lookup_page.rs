@@ -38,7 +38,7 @@ pub async fn show(
         Some(text) => {
             let RequestId(id) = RequestId::parse(text).map_err(BillingError::BadRequest)?;
             let mut conn = state.pool.acquire().await?;
-            let found = lookup::lookup(&mut conn, id)
+            let found = lookup::lookup(&mut conn, state.archive.as_ref(), id)
                 .await?
                 .ok_or(BillingError::NotFound)?;
             check(
@@ -77,7 +77,9 @@ pub async fn show(
                 tr { th { "Finish reason" } td { (r.finish_reason) } }
                 tr { th { "Replica · gateway" } td { (r.replica_id) " · " (r.gateway_id) } }
                 tr { th { "Invoice" } td #invoice { (f.invoice.period) " · " (format!("{:?}", f.invoice.status).to_lowercase())
-                    @if let Some(n) = f.invoice.number { " · no. " (n) } } }
+                    @if let Some(n) = f.invoice.number { " · no. " (n) }
+                    @if let Some(m) = &f.invoice.adjusts { " · as an adjustment for " (m) " (it arrived after " (m) " was finalized)" } } }
+                tr { th { "Found in" } td #source { @match f.source { lookup::Source::RequestLog => "request_log (the last 30 days)", lookup::Source::Archive => "the archive" } } }
             }
         }
     };

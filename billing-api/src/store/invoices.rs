@@ -62,6 +62,43 @@ pub async fn finalized(
     Ok(row.map(from_row))
 }
 
+/// The first invoice of a month after `month` finalized after `at` (the
+/// one whose adjustment lines bill usage of `month` ingested at `at`).
+pub async fn first_finalized_after(
+    conn: &mut PgConnection,
+    tenant: &str,
+    month: Month,
+    at: DateTime<Utc>,
+) -> Result<Option<Invoice>, BillingError> {
+    let row: Option<Row> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM invoices WHERE tenant_id = $1 AND period > $2
+             AND status = 'finalized' AND finalized_at > $3
+         ORDER BY finalized_at LIMIT 1"
+    ))
+    .bind(tenant)
+    .bind(month.to_string())
+    .bind(at)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(from_row))
+}
+
+/// The months after `month` whose invoice is finalized (`YYYY-MM`).
+pub async fn finalized_periods_after(
+    conn: &mut PgConnection,
+    tenant: &str,
+    month: Month,
+) -> Result<std::collections::HashSet<String>, BillingError> {
+    let rows: Vec<(String,)> = sqlx::query_as(
+        "SELECT period FROM invoices WHERE tenant_id = $1 AND period > $2 AND status = 'finalized'",
+    )
+    .bind(tenant)
+    .bind(month.to_string())
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows.into_iter().map(|(p,)| p).collect())
+}
+
 /// The finalized invoices of `month` for the given tenants, by tenant id.
 pub async fn finalized_many(
     conn: &mut PgConnection,
