@@ -4,7 +4,7 @@
 //! - [`hours`]: closing hours once the watermark passes them; late usage marks them adjusted
 //! - [`retention`]: dropping request_log day partitions past the kept window
 //! - [`service`]: the loop that does both on a schedule
-//! - [`reconcile`]: request_log vs usage_hourly for a period, every difference listed
+//! - [`reconcile`]: request_log, usage_hourly and the archive for a period, every difference listed
 //!
 //! Invariant: closing hours and dropping partitions take the usage lock
 //! exclusively, so they never interleave with an ingest batch.

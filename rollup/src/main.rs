@@ -42,13 +42,19 @@ enum Command {
     CloseHours,
     /// Drop request_log day partitions older than --keep-days, once.
     Retention,
-    /// Compare request_log with usage_hourly for [from, to); exit 1 listing
-    /// every difference if they disagree.
+    /// Compare request_log, usage_hourly and the Parquet archive for
+    /// [from, to); exit 1 listing every difference (JSON, one per line on
+    /// stdout) if they disagree.
     Reconcile {
         #[arg(long)]
         from: DateTime<Utc>,
         #[arg(long)]
         to: DateTime<Utc>,
+        /// The archive (the archiver's `ARCHIVE_URL`: a directory,
+        /// `file:///…` or `s3://bucket/prefix`); `off` compares request_log
+        /// with usage_hourly only.
+        #[arg(long, env = "ARCHIVE_URL", default_value = ".stack/archive")]
+        archive_url: String,
     },
 }
 
@@ -99,17 +105,37 @@ async fn run() -> anyhow::Result<ExitCode> {
             let days = retention::drop_expired(&pool, today, cli.keep_days, &archive).await?;
             tracing::info!(?days, "retention applied");
         }
-        Command::Reconcile { from, to } => {
+        Command::Reconcile {
+            from,
+            to,
+            archive_url,
+        } => {
             anyhow::ensure!(to > from, "--to must be after --from");
-            let diffs = reconcile::reconcile(&pool, from, to).await?;
+            let store = match archive_url.as_str() {
+                "off" => None,
+                url => Some(
+                    archive::store::open(url)
+                        .map_err(|e| anyhow::anyhow!("ARCHIVE_URL {url:?}: {e}"))?,
+                ),
+            };
+            let diffs = reconcile::reconcile(&pool, store.as_ref(), from, to).await?;
             for d in &diffs {
-                tracing::error!(difference = %serde_json::to_string(d)?, "request_log and usage_hourly disagree");
+                #[expect(
+                    clippy::print_stdout,
+                    reason = "the command's answer, one JSON line per difference"
+                )]
+                {
+                    println!("{}", serde_json::to_string(d)?);
+                }
             }
             if !diffs.is_empty() {
-                tracing::error!(count = diffs.len(), "reconciliation failed");
+                tracing::error!(
+                    count = diffs.len(),
+                    "reconciliation failed: the sources disagree"
+                );
                 return Ok(ExitCode::FAILURE);
             }
-            tracing::info!(%from, %to, "request_log and usage_hourly agree");
+            tracing::info!(%from, %to, archive = store.is_some(), "request_log, usage_hourly and the archive agree");
         }
     }
     Ok(ExitCode::SUCCESS)

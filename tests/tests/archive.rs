@@ -990,3 +990,193 @@ async fn support_finds_a_request_of_any_age_and_the_invoice_it_was_billed_on() {
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "not_found");
 }
+
+#[tokio::test]
+async fn reconcile_finds_drift_in_each_of_three_sources_and_none_over_dropped_days() {
+    use rollup::reconcile::reconcile;
+    let stack = TestStack::new("archrecon").await;
+    seed_tenants(&stack.pool).await;
+    let target = Target::new(&stack, false).await;
+    let store = target.open();
+    let mut rng = StdRng::seed_from_u64(5);
+    let old_day = (Utc::now() - TimeDelta::days(40))
+        .duration_trunc(TimeDelta::days(1))
+        .unwrap();
+    let recent = (Utc::now() - TimeDelta::hours(30))
+        .duration_trunc(TimeDelta::hours(1))
+        .unwrap();
+    let events: Vec<UsageEvent> = (0..300)
+        .map(|i| {
+            let base = if i % 2 == 0 { old_day } else { recent };
+            event(
+                &mut rng,
+                base + TimeDelta::seconds(i * 97),
+                TENANTS[i as usize % 5],
+            )
+        })
+        .collect();
+    insert_logged(&stack.pool, &events).await;
+    // usage_hourly as ingest would have counted them.
+    sqlx::query(
+        "INSERT INTO usage_hourly (tenant_id, model, priority, hour, requests, prompt_tokens,
+             cached_tokens, completion_tokens, gpu_seconds, preempted_gpu_seconds,
+             cancelled_requests, errored_requests)
+         SELECT tenant_id, model, priority, date_trunc('hour', started_at), count(*),
+                sum(prompt_tokens), sum(cached_tokens), sum(completion_tokens), sum(gpu_seconds),
+                sum(preempted_gpu_seconds), count(*) FILTER (WHERE finish_reason = 'cancelled'),
+                count(*) FILTER (WHERE finish_reason = 'error')
+         FROM request_log GROUP BY 1, 2, 3, 4",
+    )
+    .execute(&stack.pool)
+    .await
+    .unwrap();
+    let (from, to) = (
+        old_day - TimeDelta::days(1),
+        Utc::now() + TimeDelta::days(1),
+    );
+    // Half archived, half still queued: the archive's side is both.
+    archive::archiver::archive_batch(&stack.pool, &store, 150, false)
+        .await
+        .unwrap();
+    let diffs = reconcile(&stack.pool, Some(&store), from, to)
+        .await
+        .unwrap();
+    assert!(diffs.is_empty(), "{diffs:?}");
+    while archive::queue::pending(&stack.pool, 1).await.unwrap().len() == 1 {
+        archive::archiver::archive_batch(&stack.pool, &store, 1000, false)
+            .await
+            .unwrap();
+    }
+    assert!(reconcile(&stack.pool, Some(&store), from, to)
+        .await
+        .unwrap()
+        .is_empty());
+    let exec = |sql: &'static str| {
+        let pool = stack.pool.clone();
+        async move { sqlx::query(sql).execute(&pool).await.unwrap() }
+    };
+
+    // Drift in usage_hourly.
+    exec(
+        "UPDATE usage_hourly SET prompt_tokens = prompt_tokens + 1
+          WHERE (tenant_id, model, priority, hour) = (SELECT tenant_id, model, priority, hour
+                 FROM usage_hourly ORDER BY hour DESC, tenant_id, model, priority LIMIT 1)",
+    )
+    .await;
+    let diffs = reconcile(&stack.pool, Some(&store), from, to)
+        .await
+        .unwrap();
+    assert_eq!(diffs.len(), 1, "{diffs:?}");
+    assert_eq!(diffs[0].fields, ["prompt_tokens"]);
+    assert_eq!(
+        diffs[0].request_log, diffs[0].archive,
+        "only usage_hourly drifted"
+    );
+    exec(
+        "UPDATE usage_hourly SET prompt_tokens = prompt_tokens - 1
+          WHERE (tenant_id, model, priority, hour) = (SELECT tenant_id, model, priority, hour
+                 FROM usage_hourly ORDER BY hour DESC, tenant_id, model, priority LIMIT 1)",
+    )
+    .await;
+
+    // Drift in request_log (a figure usage_hourly keeps but lookups don't show).
+    exec(
+        "UPDATE request_log SET preempted_gpu_seconds = preempted_gpu_seconds + 1
+          WHERE request_id = (SELECT request_id FROM request_log ORDER BY request_id DESC LIMIT 1)",
+    )
+    .await;
+    let diffs = reconcile(&stack.pool, Some(&store), from, to)
+        .await
+        .unwrap();
+    assert_eq!(diffs.len(), 1, "{diffs:?}");
+    assert_eq!(diffs[0].fields, ["preempted_gpu_seconds"]);
+    assert_eq!(diffs[0].archive.as_ref(), Some(&diffs[0].usage_hourly));
+    exec(
+        "UPDATE request_log SET preempted_gpu_seconds = preempted_gpu_seconds - 1
+          WHERE request_id = (SELECT request_id FROM request_log ORDER BY request_id DESC LIMIT 1)",
+    )
+    .await;
+
+    // Drift in the archive: a live file drops out of the manifest.
+    exec(
+        "CREATE TABLE lost_file AS SELECT * FROM archive_manifest
+          WHERE file_id = (SELECT max(file_id) FROM archive_manifest)",
+    )
+    .await;
+    exec("DELETE FROM archive_manifest WHERE file_id = (SELECT file_id FROM lost_file)").await;
+    let diffs = reconcile(&stack.pool, Some(&store), from, to)
+        .await
+        .unwrap();
+    assert!(!diffs.is_empty());
+    for d in &diffs {
+        assert!(d.fields.contains(&"requests"), "{d:?}");
+        assert_eq!(
+            d.request_log.as_ref(),
+            Some(&d.usage_hourly),
+            "only the archive drifted"
+        );
+    }
+    exec("INSERT INTO archive_manifest OVERRIDING SYSTEM VALUE SELECT * FROM lost_file").await;
+    assert!(reconcile(&stack.pool, Some(&store), from, to)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Retention drops the old day: no false alarm over it, and drift there
+    // is still found (usage_hourly against the archive).
+    let dropped = retention::drop_expired(
+        &stack.pool,
+        Utc::now().date_naive(),
+        30,
+        &ArchiveRule::Require,
+    )
+    .await
+    .unwrap();
+    assert_eq!(dropped, vec![old_day.date_naive()]);
+    assert!(reconcile(&stack.pool, Some(&store), from, to)
+        .await
+        .unwrap()
+        .is_empty());
+    exec(
+        "UPDATE usage_hourly SET errored_requests = errored_requests + 1
+          WHERE (tenant_id, model, priority, hour) = (SELECT tenant_id, model, priority, hour
+                 FROM usage_hourly ORDER BY hour, tenant_id, model, priority LIMIT 1)",
+    )
+    .await;
+    let diffs = reconcile(&stack.pool, Some(&store), from, to)
+        .await
+        .unwrap();
+    assert_eq!(diffs.len(), 1, "{diffs:?}");
+    assert_eq!(diffs[0].fields, ["errored_requests"]);
+    assert_eq!(
+        diffs[0].request_log, None,
+        "request_log no longer holds that day"
+    );
+    assert_eq!(diffs[0].hour.date_naive(), old_day.date_naive());
+
+    // The command: exit 1 and one JSON line per difference.
+    let mut cmd = std::process::Command::new(bin_dir().join("rollup"));
+    cmd.env("DATABASE_URL", &stack.database_url)
+        .env("ARCHIVE_URL", &target.url)
+        .args([
+            "reconcile",
+            "--from",
+            &from.to_rfc3339(),
+            "--to",
+            &to.to_rfc3339(),
+        ]);
+    let out = cmd.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["fields"], serde_json::json!(["errored_requests"]));
+}

@@ -282,7 +282,7 @@ async fn reconcile_lists_drift_and_exits_non_zero() {
     ingest(&pool, &[event(now, 3), event(earlier, 4)], 0).await;
     let from = now - TimeDelta::days(1);
     let to = now + TimeDelta::days(1);
-    assert!(rollup::reconcile::reconcile(&pool, from, to)
+    assert!(rollup::reconcile::reconcile(&pool, None, from, to)
         .await
         .unwrap()
         .is_empty());
@@ -291,15 +291,19 @@ async fn reconcile_lists_drift_and_exits_non_zero() {
         .execute(&pool)
         .await
         .unwrap();
-    let diffs = rollup::reconcile::reconcile(&pool, from, to).await.unwrap();
+    let diffs = rollup::reconcile::reconcile(&pool, None, from, to)
+        .await
+        .unwrap();
     assert_eq!(diffs.len(), 1);
     assert_eq!(
-        diffs[0].log_completion_tokens + 1,
-        diffs[0].hourly_completion_tokens
+        diffs[0].request_log.as_ref().unwrap().completion_tokens + 1,
+        diffs[0].usage_hourly.completion_tokens
     );
+    assert_eq!(diffs[0].fields, ["completion_tokens"]);
 
     let status = std::process::Command::new(tests::process::bin_dir().join("rollup"))
         .env("DATABASE_URL", &url)
+        .env("ARCHIVE_URL", "off")
         .args([
             "reconcile",
             "--from",
