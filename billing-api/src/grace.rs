@@ -216,15 +216,17 @@ pub struct GraceStatus {
 pub fn status(tenant: &Tenant, month: Month, lines: &[Line]) -> Option<GraceStatus> {
     let grace = period(tenant)?;
     let (start, end) = month.bounds(tenant.time_zone);
+    let taken_off: Decimal = lines
+        .iter()
+        .filter(|l| l.kind == LineKind::GraceWaiver)
+        .map(|l| l.amount)
+        .sum();
     Some(GraceStatus {
         since: grace.since,
         last_day: grace.until.pred_opt().unwrap_or(grace.until),
         this_month: overlap(&grace, start, end).is_some(),
-        waived: -lines
-            .iter()
-            .filter(|l| l.kind == LineKind::GraceWaiver)
-            .map(|l| l.amount)
-            .sum::<Decimal>(),
+        // Waiver lines are negative; `-0` is never shown.
+        waived: Decimal::ZERO - taken_off,
     })
 }
 
@@ -256,6 +258,15 @@ mod tests {
         assert_eq!(g.start, Utc.with_ymd_and_hms(2026, 11, 1, 4, 0, 0).unwrap());
         assert_eq!(g.end, Utc.with_ymd_and_hms(2026, 12, 1, 5, 0, 0).unwrap());
         assert!(period(&tenant(None)).is_none());
+    }
+
+    #[test]
+    fn nothing_waived_reads_as_0_not_minus_0() {
+        let t = tenant(Some("2026-11-01"));
+        let s = status(&t, Month::parse("2026-11").unwrap(), &[]).unwrap();
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["waived"], "0", "{json}");
+        assert!(s.this_month);
     }
 
     #[test]

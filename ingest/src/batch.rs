@@ -5,9 +5,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use chrono::{DateTime, DurationRound, TimeDelta, Utc};
-use rust_decimal::Decimal;
-use usage_contract::{decode_record, FinishReason, Record, ReplicaReport, UsageEvent, Violation};
+use chrono::{DateTime, Utc};
+use usage_contract::{decode_record, Record, ReplicaReport, UsageEvent, Violation};
 use uuid::Uuid;
 
 /// One message as read from the topic.
@@ -191,39 +190,7 @@ pub struct HourKey {
     pub hour: DateTime<Utc>,
 }
 
-/// What a set of requests adds to one usage_hourly row.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HourTotals {
-    pub requests: i64,
-    pub prompt_tokens: i64,
-    pub cached_tokens: i64,
-    pub completion_tokens: i64,
-    pub gpu_seconds: Decimal,
-    pub preempted_gpu_seconds: Decimal,
-    pub cancelled_requests: i64,
-    pub errored_requests: i64,
-}
-
-impl HourTotals {
-    pub fn add(&mut self, e: &UsageEvent) {
-        self.requests += 1;
-        self.prompt_tokens += e.prompt_tokens;
-        self.cached_tokens += e.cached_tokens;
-        self.completion_tokens += e.completion_tokens;
-        self.gpu_seconds += e.gpu_seconds;
-        self.preempted_gpu_seconds += e.preempted_gpu_seconds;
-        self.cancelled_requests += i64::from(e.finish_reason == FinishReason::Cancelled);
-        self.errored_requests += i64::from(e.finish_reason == FinishReason::Error);
-    }
-}
-
-/// The UTC hour an event is counted in.
-pub fn hour_of(e: &UsageEvent) -> DateTime<Utc> {
-    // Truncating a valid UTC time to the hour cannot overflow.
-    e.started_at
-        .duration_trunc(TimeDelta::hours(1))
-        .unwrap_or(e.started_at)
-}
+pub use usage_contract::hourly::{hour_of, HourTotals};
 
 /// Adds events up per hour key: one upsert per key instead of one per event.
 /// Keys borrow from the events while adding, so the loop allocates only once
@@ -280,7 +247,8 @@ mod tests {
     use super::*;
     use chrono::TimeZone;
     use proptest::prelude::*;
-    use usage_contract::RequestId;
+    use rust_decimal::Decimal;
+    use usage_contract::{FinishReason, RequestId};
 
     fn now() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 11, 29, 12, 0, 0).unwrap()

@@ -14,13 +14,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use archive::format::ArchivedRequest;
 use archive::store::ArchiveStore;
-use chrono::{DateTime, DurationRound, NaiveDate, TimeDelta, Utc};
-use rust_decimal::Decimal;
+use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
-use usage_contract::FinishReason;
+use usage_contract::hourly::hour_of;
 
 /// What reconciling can fail on (not a difference: a failure to look).
 #[derive(Debug, thiserror::Error)]
@@ -31,75 +29,34 @@ pub enum ReconcileError {
     Archive(#[from] archive::error::ArchiveError),
 }
 
-/// One source's sums for one (tenant, model, priority, hour).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, sqlx::FromRow)]
-pub struct Sums {
-    pub requests: i64,
-    pub prompt_tokens: i64,
-    pub cached_tokens: i64,
-    pub completion_tokens: i64,
-    #[serde(with = "rust_decimal::serde::str")]
-    pub gpu_seconds: Decimal,
-    #[serde(with = "rust_decimal::serde::str")]
-    pub preempted_gpu_seconds: Decimal,
-    pub cancelled_requests: i64,
-    pub errored_requests: i64,
-}
+/// One source's sums for one (tenant, model, priority, hour): what
+/// usage_hourly keeps, counted as ingest counts it.
+pub use usage_contract::hourly::HourTotals as Sums;
 
-impl Sums {
-    fn add(&mut self, r: &ArchivedRequest) {
-        let e = &r.event;
-        self.requests += 1;
-        self.prompt_tokens += e.prompt_tokens;
-        self.cached_tokens += e.cached_tokens;
-        self.completion_tokens += e.completion_tokens;
-        self.gpu_seconds += e.gpu_seconds;
-        self.preempted_gpu_seconds += e.preempted_gpu_seconds;
-        self.cancelled_requests += i64::from(e.finish_reason == FinishReason::Cancelled);
-        self.errored_requests += i64::from(e.finish_reason == FinishReason::Error);
-    }
-
-    fn plus(&self, o: &Sums) -> Sums {
-        Sums {
-            requests: self.requests + o.requests,
-            prompt_tokens: self.prompt_tokens + o.prompt_tokens,
-            cached_tokens: self.cached_tokens + o.cached_tokens,
-            completion_tokens: self.completion_tokens + o.completion_tokens,
-            gpu_seconds: self.gpu_seconds + o.gpu_seconds,
-            preempted_gpu_seconds: self.preempted_gpu_seconds + o.preempted_gpu_seconds,
-            cancelled_requests: self.cancelled_requests + o.cancelled_requests,
-            errored_requests: self.errored_requests + o.errored_requests,
-        }
-    }
-
-    /// The names of the fields where `self` and `o` differ.
-    fn differing(&self, o: &Sums) -> Vec<&'static str> {
-        [
-            ("requests", self.requests != o.requests),
-            ("prompt_tokens", self.prompt_tokens != o.prompt_tokens),
-            ("cached_tokens", self.cached_tokens != o.cached_tokens),
-            (
-                "completion_tokens",
-                self.completion_tokens != o.completion_tokens,
-            ),
-            ("gpu_seconds", self.gpu_seconds != o.gpu_seconds),
-            (
-                "preempted_gpu_seconds",
-                self.preempted_gpu_seconds != o.preempted_gpu_seconds,
-            ),
-            (
-                "cancelled_requests",
-                self.cancelled_requests != o.cancelled_requests,
-            ),
-            (
-                "errored_requests",
-                self.errored_requests != o.errored_requests,
-            ),
-        ]
-        .into_iter()
-        .filter_map(|(name, differs)| differs.then_some(name))
-        .collect()
-    }
+/// The names of the fields where `a` and `b` differ.
+fn differing(a: &Sums, b: &Sums) -> Vec<&'static str> {
+    [
+        ("requests", a.requests != b.requests),
+        ("prompt_tokens", a.prompt_tokens != b.prompt_tokens),
+        ("cached_tokens", a.cached_tokens != b.cached_tokens),
+        (
+            "completion_tokens",
+            a.completion_tokens != b.completion_tokens,
+        ),
+        ("gpu_seconds", a.gpu_seconds != b.gpu_seconds),
+        (
+            "preempted_gpu_seconds",
+            a.preempted_gpu_seconds != b.preempted_gpu_seconds,
+        ),
+        (
+            "cancelled_requests",
+            a.cancelled_requests != b.cancelled_requests,
+        ),
+        ("errored_requests", a.errored_requests != b.errored_requests),
+    ]
+    .into_iter()
+    .filter_map(|(name, differs)| differs.then_some(name))
+    .collect()
 }
 
 /// (tenant, model, priority, hour).
@@ -212,18 +169,13 @@ pub async fn reconcile(
             let mut files: BTreeMap<Key, Sums> = BTreeMap::new();
             for r in archive::reader::scan(pool, store, from, to).await? {
                 let e = &r.event;
-                let hour = e
-                    .started_at
-                    .duration_trunc(TimeDelta::hours(1))
-                    .unwrap_or(e.started_at);
                 files
-                    .entry((e.tenant_id.clone(), e.model.clone(), e.priority, hour))
+                    .entry((e.tenant_id.clone(), e.model.clone(), e.priority, hour_of(e)))
                     .or_default()
-                    .add(&r);
+                    .add(e);
             }
             for (k, s) in queued {
-                let total = files.get(&k).map_or(s.clone(), |f| f.plus(&s));
-                files.insert(k, total);
+                files.entry(k).or_default().merge(&s);
             }
             Some(files)
         }
@@ -244,7 +196,7 @@ pub async fn reconcile(
             .map(|a| a.get(k).cloned().unwrap_or_default());
         let mut fields: Vec<&'static str> = Vec::new();
         for other in [&l, &a].into_iter().flatten() {
-            for f in h.differing(other) {
+            for f in differing(h, other) {
                 if !fields.contains(&f) {
                     fields.push(f);
                 }

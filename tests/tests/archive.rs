@@ -818,6 +818,15 @@ async fn bad_archiver_settings_exit_non_zero_naming_the_setting() {
     }
 }
 
+/// Archives every queued row.
+async fn archive_all(pool: &PgPool, store: &ArchiveStore) {
+    while archive::queue::pending(pool, 1).await.unwrap().len() == 1 {
+        archive::archiver::archive_batch(pool, store, 1000, false)
+            .await
+            .unwrap();
+    }
+}
+
 /// GET `path` on billing-api as `token`: the status and the JSON body.
 async fn billing_get(url: &str, path: &str, token: &str) -> (u16, serde_json::Value) {
     let res = reqwest::Client::new()
@@ -955,11 +964,7 @@ async fn support_finds_a_request_of_any_age_and_the_invoice_it_was_billed_on() {
 
     // Retention drops the day once it is archived; lookups then read the
     // archive and answer the same record and invoice.
-    while archive::queue::pending(&stack.pool, 1).await.unwrap().len() == 1 {
-        archive::archiver::archive_batch(&stack.pool, &store, 1000, false)
-            .await
-            .unwrap();
-    }
+    archive_all(&stack.pool, &store).await;
     let dropped = retention::drop_expired(
         &stack.pool,
         Utc::now().date_naive(),
@@ -1042,11 +1047,7 @@ async fn reconcile_finds_drift_in_each_of_three_sources_and_none_over_dropped_da
         .await
         .unwrap();
     assert!(diffs.is_empty(), "{diffs:?}");
-    while archive::queue::pending(&stack.pool, 1).await.unwrap().len() == 1 {
-        archive::archiver::archive_batch(&stack.pool, &store, 1000, false)
-            .await
-            .unwrap();
-    }
+    archive_all(&stack.pool, &store).await;
     assert!(reconcile(&stack.pool, Some(&store), from, to)
         .await
         .unwrap()

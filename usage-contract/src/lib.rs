@@ -12,6 +12,7 @@
 //! - [`replica_report`]: a replica's busy and idle GPU time over an interval,
 //!   the topic's second record kind (idle and dedicated capacity for billing)
 //! - [`decode`]: bytes → validated record, or the violation that says why not
+//! - [`hourly`]: an hour's usage totals and the hour a request is counted in
 //! - [`stored`]: a `request_log` row, and the one conversion from it back to
 //!   the event it was stored from (with feature `sqlx`, read by name)
 //!
@@ -20,6 +21,7 @@
 
 pub mod decode;
 pub mod event;
+pub mod hourly;
 pub mod replica_report;
 pub mod request_id;
 pub mod stored;
