@@ -63,22 +63,27 @@ pub async fn lines(
                 .copied()
                 .unwrap_or_default();
         if !delta.is_zero() {
-            out.entry(tenant.clone()).or_default().push(Line {
-                kind: LineKind::Adjustment,
-                description: format!(
-                    "usage for {period} that arrived after its invoice was finalized"
-                ),
-                model: None,
-                priority: None,
-                off_peak: None,
-                unit: "-".into(),
-                quantity: Decimal::ONE,
-                unit_price: delta,
-                per: 1,
-                amount: delta,
-                adjusts: Some(period.clone()),
-            });
+            out.entry(tenant.clone())
+                .or_default()
+                .push(adjustment_line(period, delta));
         }
     }
     Ok(out)
+}
+
+/// The adjustment line billing `delta` more (or less) for `period`.
+pub fn adjustment_line(period: &str, delta: Decimal) -> Line {
+    Line {
+        kind: LineKind::Adjustment,
+        description: format!("usage for {period} that arrived after its invoice was finalized"),
+        model: None,
+        priority: None,
+        off_peak: None,
+        unit: "-".into(),
+        quantity: Decimal::ONE,
+        unit_price: delta,
+        per: 1,
+        amount: delta,
+        adjusts: Some(period.to_owned()),
+    }
 }

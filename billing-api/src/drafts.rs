@@ -90,7 +90,8 @@ pub async fn drafts(
     Ok(out)
 }
 
-fn overhead_line(share: Decimal, month: Month) -> Line {
+/// The overhead line of a tenant's `share` of the month's pool.
+pub fn overhead_line(share: Decimal, month: Month) -> Line {
     Line {
         kind: LineKind::Overhead,
         description: format!("shared overhead for {month} (share of billable GPU-seconds)"),
@@ -106,7 +107,8 @@ fn overhead_line(share: Decimal, month: Month) -> Line {
     }
 }
 
-fn totals(groups: &[UsageGroup]) -> UsageTotals {
+/// The usage totals of an invoice: its rating groups summed.
+pub fn totals(groups: &[UsageGroup]) -> UsageTotals {
     let mut t = UsageTotals::default();
     for g in groups {
         t.requests += g.requests;

@@ -124,12 +124,28 @@ pub async fn waiver(
     } else {
         charges_until(conn, book, tenant, start, to).await?
     };
-    let amount = waived(budget, before, through, total);
+    Ok(waiver_line(
+        &grace,
+        book,
+        month,
+        budget,
+        waived(budget, before, through, total),
+    ))
+}
+
+/// The waiver line taking `amount` off a month in `grace` (none for 0).
+pub fn waiver_line(
+    grace: &Period,
+    book: &PriceBook,
+    month: Month,
+    budget: Decimal,
+    amount: Decimal,
+) -> Option<Line> {
     if amount.is_zero() {
-        return Ok(None);
+        return None;
     }
     let last_day = grace.until.pred_opt().unwrap_or(grace.until);
-    Ok(Some(Line {
+    Some(Line {
         kind: LineKind::GraceWaiver,
         description: format!(
             "grace period (real chargeback since {}, through {last_day}): charges above the \
@@ -145,7 +161,7 @@ pub async fn waiver(
         per: 1,
         amount: -amount,
         adjusts: None,
-    }))
+    })
 }
 
 /// What the waiver of a tenant's month comes to on its usage as it stands

@@ -83,6 +83,9 @@ pub async fn finalize(
         tx.rollback().await?;
         return Ok((done, false));
     }
+    // Ingest pauses until this commits: the draft holds exactly the usage
+    // ingested before `finalized_at`.
+    let finalized_at = store::invoices::usage_boundary(&mut tx).await?;
     let body = drafts::drafts(&mut tx, month, Some(&ids))
         .await?
         .pop()
@@ -93,7 +96,7 @@ pub async fn finalize(
             body.head.period_end.to_rfc3339()
         )));
     }
-    let invoice = store::invoices::insert_finalized(&mut tx, &body, now, who).await?;
+    let invoice = store::invoices::insert_finalized(&mut tx, &body, finalized_at, who).await?;
     tx.commit().await?;
     Ok((invoice, true))
 }

@@ -13,7 +13,9 @@ use sqlx::PgPool;
 
 /// The advisory lock that ingest transactions hold shared and rollup holds
 /// exclusively while it closes hours or drops request_log partitions, so
-/// neither happens in the middle of a batch.
+/// neither happens in the middle of a batch. Billing holds it exclusively
+/// while it finalizes an invoice, so the invoice's `finalized_at` divides
+/// stored usage exactly by `ingested_at` (before: on it; after: not).
 pub const USAGE_LOCK: i64 = 0x6d65_7465_726c;
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

@@ -12,6 +12,7 @@
 //! --bins` first). No test stops, kills or restarts a shared service, so
 //! test binaries run in parallel.
 
+pub mod archive;
 pub mod billing;
 pub mod browser;
 pub mod engine;

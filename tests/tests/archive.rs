@@ -196,17 +196,9 @@ fn archiver(
     name: &str,
     extra: &[(&str, &str)],
 ) -> (Service, u16) {
-    let mut env = stack.env();
-    env.insert("ARCHIVE_URL".into(), target.url.clone());
-    let port = free_port();
-    env.insert("ARCHIVE_METRICS_ADDR".into(), format!("127.0.0.1:{port}"));
-    env.extend(target.env.iter().cloned());
-    for (k, v) in extra {
-        env.insert((*k).into(), (*v).into());
-    }
-    let svc = Service::start(name, "archiver", &[], env, stack.dir.path())
-        .unwrap_or_else(|e| panic!("{e}"));
-    (svc, port)
+    let mut env = target.env.clone();
+    env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    tests::archive::start_archiver(stack, name, &target.url, &env)
 }
 
 /// Waits until the archiver serves its metrics (it is past start-up).
@@ -222,51 +214,6 @@ async fn wait_serving(port: u16, svc: &Service) {
             svc.log_tail()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn ingest(stack: &TestStack) -> Service {
-    let mut env = stack.env();
-    env.insert(
-        "INGEST_METRICS_ADDR".into(),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    env.insert("INGEST_LINGER_MS".into(), "50".into());
-    Service::start("ingest", "ingest", &[], env, stack.dir.path()).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Waits until ingest has consumed `total` messages.
-async fn wait_ingested(stack: &TestStack, total: i64, svc: &Service) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    loop {
-        let n = stack
-            .count("SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets")
-            .await;
-        if n == total {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "ingest consumed {n} of {total}:\n{}",
-            svc.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn wait_queue_empty(stack: &TestStack, svc: &Service) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    loop {
-        let n = stack.count("SELECT count(*) FROM archive_queue").await;
-        if n == 0 {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{n} rows still queued:\n{}",
-            svc.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -411,7 +358,7 @@ async fn every_billed_request_archived_once(s3: bool) {
     ];
     let (messages, billed) = workload(&mut rng, n);
     let producer = stack.producer();
-    let mut ingest = ingest(&stack);
+    let mut ingest = tests::gateway::start_ingest(&stack);
     let (mut svc, port) = archiver(&stack, &target, "archiver", &settings);
     let mut second: Option<Service> = None;
     let mut kills = 0;
@@ -467,13 +414,13 @@ async fn every_billed_request_archived_once(s3: bool) {
             }
         }
     }
-    wait_ingested(&stack, messages.len() as i64, &ingest).await;
+    tests::archive::wait_consumed(&stack, messages.len() as i64, &ingest).await;
     tokio::time::sleep(Duration::from_millis(rng.random_range(0..1500))).await;
     svc.kill9().await;
     kills += 1;
     svc.restart().unwrap_or_else(|e| panic!("{e}"));
     wait_serving(port, &svc).await;
-    wait_queue_empty(&stack, &svc).await;
+    tests::archive::wait_archived(&stack, &svc).await;
     let status = svc.terminate(Duration::from_secs(30)).await.unwrap();
     assert!(status.success(), "exit {status}:\n{}", svc.log_tail());
     ingest.terminate(Duration::from_secs(30)).await;

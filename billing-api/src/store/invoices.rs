@@ -126,11 +126,31 @@ pub async fn lock_for_finalize(conn: &mut PgConnection) -> Result<(), BillingErr
     Ok(())
 }
 
-/// Stores a finalized invoice with the next number (under the lock) and returns it.
+/// Waits for every ingest batch in progress to commit, keeps new ones out
+/// for the rest of the transaction (ingest's lock, taken exclusively), and
+/// returns the database's clock then: the usage boundary. Every request
+/// row and replica report stored before it is visible to this
+/// transaction, and every one stored after it carries a later
+/// `ingested_at` (its default is the clock at insert, taken under ingest's
+/// lock). So "ingested before the invoice's `finalized_at`" is exactly
+/// "on the invoice", which is what lookup and the audit rely on.
+pub async fn usage_boundary(conn: &mut PgConnection) -> Result<DateTime<Utc>, BillingError> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(schema::USAGE_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    let (at,): (DateTime<Utc>,) = sqlx::query_as("SELECT clock_timestamp()")
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(at)
+}
+
+/// Stores a finalized invoice with the next number (under the lock) and
+/// returns it; `finalized_at` is the usage boundary its draft was read at.
 pub async fn insert_finalized(
     conn: &mut PgConnection,
     body: &InvoiceBody,
-    now: DateTime<Utc>,
+    finalized_at: DateTime<Utc>,
     who: &str,
 ) -> Result<Invoice, BillingError> {
     let row: Row = sqlx::query_as(&format!(
@@ -142,7 +162,7 @@ pub async fn insert_finalized(
     .bind(&body.head.period)
     .bind(sqlx::types::Json(body))
     .bind(body.content_hash())
-    .bind(now)
+    .bind(finalized_at)
     .bind(who)
     .fetch_one(&mut *conn)
     .await?;
