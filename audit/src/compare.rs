@@ -75,12 +75,24 @@ pub fn differences(archive: &InvoiceBody, billed: &InvoiceBody, invoice: &str) -
     };
     let (ah, bh) = (&archive.head, &billed.head);
     for (field, a, b) in [
-        ("period_start", ah.period_start.to_rfc3339(), bh.period_start.to_rfc3339()),
-        ("period_end", ah.period_end.to_rfc3339(), bh.period_end.to_rfc3339()),
+        (
+            "period_start",
+            ah.period_start.to_rfc3339(),
+            bh.period_start.to_rfc3339(),
+        ),
+        (
+            "period_end",
+            ah.period_end.to_rfc3339(),
+            bh.period_end.to_rfc3339(),
+        ),
         ("time_zone", ah.time_zone.clone(), bh.time_zone.clone()),
         ("currency", ah.currency.clone(), bh.currency.clone()),
         ("price_book", ah.price_book.clone(), bh.price_book.clone()),
-        ("billing_mode", format!("{:?}", ah.billing_mode), format!("{:?}", bh.billing_mode)),
+        (
+            "billing_mode",
+            format!("{:?}", ah.billing_mode),
+            format!("{:?}", bh.billing_mode),
+        ),
     ] {
         push(format!("head.{field}"), a, b);
     }
@@ -89,7 +101,11 @@ pub fn differences(archive: &InvoiceBody, billed: &InvoiceBody, invoice: &str) -
         ("requests", au.requests, bu.requests),
         ("prompt_tokens", au.prompt_tokens, bu.prompt_tokens),
         ("cached_tokens", au.cached_tokens, bu.cached_tokens),
-        ("completion_tokens", au.completion_tokens, bu.completion_tokens),
+        (
+            "completion_tokens",
+            au.completion_tokens,
+            bu.completion_tokens,
+        ),
     ] {
         push(format!("usage.{field}"), a.to_string(), b.to_string());
     }
@@ -171,10 +187,15 @@ mod tests {
             ["line usage m P3 peak input_tokens.amount", "total"],
             "{d:?}"
         );
-        assert_eq!((d[0].archive.as_str(), d[0].billed.as_str()), ("0.02", "0.01"));
+        assert_eq!(
+            (d[0].archive.as_str(), d[0].billed.as_str()),
+            ("0.02", "0.01")
+        );
         let mut missing = body.clone();
         missing.lines.pop();
         let d = differences(&missing, &body, "draft");
-        assert!(d.iter().any(|d| d.what == "line overhead" && d.archive == "-"));
+        assert!(d
+            .iter()
+            .any(|d| d.what == "line overhead" && d.archive == "-"));
     }
 }

@@ -56,9 +56,8 @@ async fn run() -> anyhow::Result<ExitCode> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
-    let month = Month::parse(&cli.month).map_err(|_| {
-        anyhow::anyhow!("--month {:?}: expected YYYY-MM, e.g. 2026-11", cli.month)
-    })?;
+    let month = Month::parse(&cli.month)
+        .map_err(|_| anyhow::anyhow!("--month {:?}: expected YYYY-MM, e.g. 2026-11", cli.month))?;
     if cli.archive_url == "off" {
         anyhow::bail!("ARCHIVE_URL is off: the audit needs the archive");
     }
@@ -100,7 +99,11 @@ async fn run() -> anyhow::Result<ExitCode> {
         bytes = s.bytes,
         requests = s.requests,
         scan_ms = s.elapsed.as_millis() as u64,
-        events_per_second = if secs > 0.0 { (s.requests as f64 / secs) as u64 } else { 0 },
+        events_per_second = if secs > 0.0 {
+            (s.requests as f64 / secs) as u64
+        } else {
+            0
+        },
         "archive scanned"
     );
     if !outcome.differences.is_empty() {

@@ -85,8 +85,7 @@ impl Sources<'_> {
         k: usize,
         book: &PriceBook,
     ) -> Result<Vec<UsageGroup>, AuditError> {
-        let off_peak: HashSet<DateTime<Utc>> =
-            book.off_peak_hours(from, to)?.into_iter().collect();
+        let off_peak: HashSet<DateTime<Utc>> = book.off_peak_hours(from, to)?.into_iter().collect();
         let mut sums: BTreeMap<(String, i16, bool), UsageGroup> = BTreeMap::new();
         for h in self.hours.iter().filter(|h| {
             h.tenant_id == tenant
@@ -132,7 +131,10 @@ impl Sources<'_> {
         book: &PriceBook,
     ) -> Result<Vec<Reservation>, AuditError> {
         let mut pools: BTreeMap<String, Reservation> = BTreeMap::new();
-        fn pool<'p>(pools: &'p mut BTreeMap<String, Reservation>, model: &str) -> &'p mut Reservation {
+        fn pool<'p>(
+            pools: &'p mut BTreeMap<String, Reservation>,
+            model: &str,
+        ) -> &'p mut Reservation {
             pools
                 .entry(model.to_owned())
                 .or_insert_with(|| Reservation {
@@ -141,9 +143,13 @@ impl Sources<'_> {
                 })
         }
         for r in self.reports.iter().filter(|r| {
-            r.dedicated_to.as_deref() == Some(owner) && r.class <= k && r.hour >= from && r.hour < to
+            r.dedicated_to.as_deref() == Some(owner)
+                && r.class <= k
+                && r.hour >= from
+                && r.hour < to
         }) {
-            pool(&mut pools, &r.model).reserved_gpu_seconds += r.busy_gpu_seconds + r.idle_gpu_seconds;
+            pool(&mut pools, &r.model).reserved_gpu_seconds +=
+                r.busy_gpu_seconds + r.idle_gpu_seconds;
         }
         for h in self.hours.iter().filter(|h| {
             h.dedicated_to.as_deref() == Some(owner)
@@ -263,7 +269,10 @@ impl Sources<'_> {
                 cents(idle * per_hour / Decimal::from(3600))
             }
         };
-        Ok(allocate(pool, &weights).get(tenant).copied().unwrap_or_default())
+        Ok(allocate(pool, &weights)
+            .get(tenant)
+            .copied()
+            .unwrap_or_default())
     }
 
     /// The adjustment lines on a tenant's invoice for `month` read at `at`:
@@ -296,19 +305,25 @@ impl Sources<'_> {
         let mut billed: HashMap<&str, Decimal> = HashMap::new();
         for i in &live {
             *billed.entry(i.period.as_str()).or_default() += i.body.subtotal + i.body.waived;
-            for l in i.body.lines.iter().filter(|l| l.kind == LineKind::Adjustment) {
+            for l in i
+                .body
+                .lines
+                .iter()
+                .filter(|l| l.kind == LineKind::Adjustment)
+            {
                 if let Some(q) = &l.adjusts {
                     *billed.entry(q.as_str()).or_default() += l.amount;
                 }
             }
         }
         let mut out = Vec::new();
-        for i in live
-            .iter()
-            .filter(|i| self.full_months.contains(&(t.tenant_id.clone(), i.period.clone())))
-        {
+        for i in live.iter().filter(|i| {
+            self.full_months
+                .contains(&(t.tenant_id.clone(), i.period.clone()))
+        }) {
             let q = Month::parse(&i.period)?;
-            let delta = self.net(t, q, k)? - billed.get(i.period.as_str()).copied().unwrap_or_default();
+            let delta =
+                self.net(t, q, k)? - billed.get(i.period.as_str()).copied().unwrap_or_default();
             if !delta.is_zero() {
                 out.push(billing_api::adjustments::adjustment_line(&i.period, delta));
             }

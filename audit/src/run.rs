@@ -76,7 +76,10 @@ pub async fn month(
     let mut conn = pool.acquire().await?;
     let tenants = billing::tenants::list(&mut conn, ids).await?;
     if let Some(ids) = ids {
-        if let Some(missing) = ids.iter().find(|i| !tenants.iter().any(|t| &t.tenant_id == *i)) {
+        if let Some(missing) = ids
+            .iter()
+            .find(|i| !tenants.iter().any(|t| &t.tenant_id == *i))
+        {
             return Err(AuditError::Invalid(format!("unknown tenant {missing:?}")));
         }
     }
@@ -103,9 +106,8 @@ pub async fn month(
         months.insert(Month::parse(&i.period)?);
     }
     for q in &months {
-        if !books.contains_key(&q.to_string()) {
-            let b = billing::price_books::in_effect(&mut conn, q.first_day()).await?;
-            books.insert(q.to_string(), b);
+        if let std::collections::hash_map::Entry::Vacant(slot) = books.entry(q.to_string()) {
+            slot.insert(billing::price_books::in_effect(&mut conn, q.first_day()).await?);
         }
     }
     let mut budgets: HashMap<(String, String), Decimal> = HashMap::new();
@@ -235,7 +237,12 @@ async fn earlier_months_needed(
     let period = month.to_string();
     let mut needed: HashSet<(String, String)> = HashSet::new();
     for t in targets {
-        for l in t.body.lines.iter().filter(|l| l.kind == LineKind::Adjustment) {
+        for l in t
+            .body
+            .lines
+            .iter()
+            .filter(|l| l.kind == LineKind::Adjustment)
+        {
             if let Some(q) = &l.adjusts {
                 needed.insert((t.tenant_id.clone(), q.clone()));
             }
@@ -318,7 +325,12 @@ mod tests {
     fn overlapping_ranges_are_scanned_once() {
         let t = |h: i64| DateTime::from_timestamp(h * 3600, 0).unwrap();
         assert_eq!(
-            merge(vec![(t(5), t(9)), (t(0), t(3)), (t(2), t(6)), (t(10), t(11))]),
+            merge(vec![
+                (t(5), t(9)),
+                (t(0), t(3)),
+                (t(2), t(6)),
+                (t(10), t(11))
+            ]),
             vec![(t(0), t(9)), (t(10), t(11))]
         );
     }

@@ -114,7 +114,8 @@ pub async fn late(
         let latest = int64(&b, "latest")?;
         for (i, tenant) in tenants.into_iter().enumerate() {
             let h = DateTime::from_timestamp(hour.value(i) * 3600, 0).ok_or_else(|| bad("hour"))?;
-            let l = DateTime::from_timestamp_micros(latest.value(i)).ok_or_else(|| bad("latest"))?;
+            let l =
+                DateTime::from_timestamp_micros(latest.value(i)).ok_or_else(|| bad("latest"))?;
             out.push((tenant.ok_or_else(|| bad("tenant_id"))?, h, l));
         }
     }
@@ -175,7 +176,12 @@ fn query(from: DateTime<Utc>, to: DateTime<Utc>, instants: &[DateTime<Utc>]) -> 
         let arms: String = instants
             .iter()
             .enumerate()
-            .map(|(k, t)| format!(" WHEN arrow_cast(ingested_at, 'Int64') < {} THEN {k}", t.timestamp_micros()))
+            .map(|(k, t)| {
+                format!(
+                    " WHEN arrow_cast(ingested_at, 'Int64') < {} THEN {k}",
+                    t.timestamp_micros()
+                )
+            })
             .collect();
         format!("CASE{arms} ELSE {} END", instants.len())
     };
@@ -197,7 +203,9 @@ fn query(from: DateTime<Utc>, to: DateTime<Utc>, instants: &[DateTime<Utc>]) -> 
 }
 
 fn bad(column: &str) -> AuditError {
-    AuditError::Invalid(format!("the audit query's column {column} has an unexpected type"))
+    AuditError::Invalid(format!(
+        "the audit query's column {column} has an unexpected type"
+    ))
 }
 
 fn column<'b>(b: &'b RecordBatch, name: &str) -> Result<&'b ArrayRef, AuditError> {

@@ -197,7 +197,11 @@ fn archiver(
     extra: &[(&str, &str)],
 ) -> (Service, u16) {
     let mut env = target.env.clone();
-    env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    env.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
     tests::archive::start_archiver(stack, name, &target.url, &env)
 }
 

@@ -114,7 +114,8 @@ fn messages(events: &[UsageEvent]) -> Vec<(String, Vec<u8>)> {
 /// The first instant of the UTC month `back` months before this one.
 fn month_start(back: u32) -> DateTime<Utc> {
     let today = Utc::now().date_naive();
-    let first = NaiveDate::from_ymd_opt(today.year(), today.month(), 1).unwrap() - Months::new(back);
+    let first =
+        NaiveDate::from_ymd_opt(today.year(), today.month(), 1).unwrap() - Months::new(back);
     Utc.from_utc_datetime(&first.and_hms_opt(0, 0, 0).unwrap())
 }
 
@@ -228,15 +229,33 @@ async fn the_audit_proves_every_invoice_from_the_archive_and_names_what_was_alte
     );
 
     // Late usage for the first month, then the second month finalized.
-    let hour_in = |m: DateTime<Utc>| (m + TimeDelta::days(10)).duration_trunc(TimeDelta::hours(1)).unwrap();
-    let late_a = events(&mut rng, 40, hour_in(first), hour_in(first) + TimeDelta::days(5));
+    let hour_in = |m: DateTime<Utc>| {
+        (m + TimeDelta::days(10))
+            .duration_trunc(TimeDelta::hours(1))
+            .unwrap()
+    };
+    let late_a = events(
+        &mut rng,
+        40,
+        hour_in(first),
+        hour_in(first) + TimeDelta::days(5),
+    );
     send(messages(&late_a), &mut produced).await;
     let finalized_b = finalize_all(&api.url, &b).await;
     assert!(
-        finalized_b.iter().filter(|i| has_line(i, "adjustment")).count() >= 4,
+        finalized_b
+            .iter()
+            .filter(|i| has_line(i, "adjustment"))
+            .count()
+            >= 4,
         "late usage of {a} is billed as adjustments on {b}"
     );
-    let late_b = events(&mut rng, 40, hour_in(second), hour_in(second) + TimeDelta::days(5));
+    let late_b = events(
+        &mut rng,
+        40,
+        hour_in(second),
+        hour_in(second) + TimeDelta::days(5),
+    );
     send(messages(&late_b), &mut produced).await;
 
     for (month, kind) in [(&a, "finalized #"), (&b, "finalized #"), (&d, "draft")] {
@@ -278,7 +297,9 @@ async fn the_audit_proves_every_invoice_from_the_archive_and_names_what_was_alte
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert!(
-        diffs.iter().all(|d| d["tenant_id"] == "acme-corp" && d["invoice"] == "draft"),
+        diffs
+            .iter()
+            .all(|d| d["tenant_id"] == "acme-corp" && d["invoice"] == "draft"),
         "{diffs:?}"
     );
     assert!(
@@ -286,9 +307,10 @@ async fn the_audit_proves_every_invoice_from_the_archive_and_names_what_was_alte
         "{diffs:?}"
     );
     assert!(
-        diffs
-            .iter()
-            .any(|d| d["what"].as_str().unwrap().starts_with("line usage llama-3.1-")),
+        diffs.iter().any(|d| d["what"]
+            .as_str()
+            .unwrap()
+            .starts_with("line usage llama-3.1-")),
         "{diffs:?}"
     );
     assert!(diffs.iter().any(|d| d["what"] == "total"), "{diffs:?}");
@@ -308,7 +330,11 @@ async fn the_audit_proves_every_invoice_from_the_archive_and_names_what_was_alte
     assert_eq!(retired.rows_affected(), 1);
     let run = audit(&stack, &archive_url, &a);
     assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
-    assert!(run.stdout.contains("\"invoice\":\"finalized #"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("\"invoice\":\"finalized #"),
+        "{}",
+        run.stdout
+    );
 
     // An edited finalized invoice of the second month.
     sqlx::query(
@@ -327,9 +353,9 @@ async fn the_audit_proves_every_invoice_from_the_archive_and_names_what_was_alte
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert!(
-        diffs
-            .iter()
-            .any(|d| d["tenant_id"] == "finserv-team" && d["what"] == "total" && d["billed"] == "1"),
+        diffs.iter().any(|d| d["tenant_id"] == "finserv-team"
+            && d["what"] == "total"
+            && d["billed"] == "1"),
         "{diffs:?}"
     );
 
