@@ -13,7 +13,8 @@
 //! time and id (the reads that matter: a tenant's month, a period), in row
 //! groups of up to [`COMPACTED_ROW_GROUP`] rows, with a bloom filter on
 //! `request_id` so a lookup skips the row groups that cannot hold its id.
-//! Both are zstd-compressed.
+//! Both are zstd-compressed, `request_id` delta-encoded as bytes and the
+//! times and offsets as integers (near-sorted values: small deltas).
 //!
 //! Contract v2's placement (`pool`, `dedicated_to`, `queue_wait_ms`,
 //! `preemptions`) comes last, nullable: null on rows of v1 events, absent
@@ -240,6 +241,15 @@ pub fn sort_for_scans(rows: &mut [ArchivedRequest]) {
     });
 }
 
+/// Integer columns written as deltas.
+const DELTA_COLUMNS: [&str; 5] = [
+    "started_at",
+    "first_token_at",
+    "finished_at",
+    "ingested_at",
+    "kafka_offset",
+];
+
 fn properties(layout: Layout, rows: usize) -> WriterProperties {
     let id = ColumnPath::from("request_id");
     let builder = WriterProperties::builder()
@@ -249,6 +259,12 @@ fn properties(layout: Layout, rows: usize) -> WriterProperties {
         .set_column_dictionary_enabled(id.clone(), false)
         .set_column_encoding(id.clone(), Encoding::DELTA_BYTE_ARRAY)
         .set_statistics_enabled(EnabledStatistics::Chunk);
+    // Times and offsets are near-sorted integers: their deltas are small.
+    let builder = DELTA_COLUMNS.iter().fold(builder, |b, c| {
+        let c = ColumnPath::from(*c);
+        b.set_column_dictionary_enabled(c.clone(), false)
+            .set_column_encoding(c, Encoding::DELTA_BINARY_PACKED)
+    });
     match layout {
         Layout::Batch => builder
             .set_max_row_group_row_count(Some(rows.max(1)))

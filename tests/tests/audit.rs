@@ -10,6 +10,8 @@
 //! finalized, one a draft) to the cent — and fails, naming the invoice
 //! and the line, when usage_hourly is altered, when an archived file
 //! drops out of the manifest, and when a finalized invoice is edited.
+//! Files written before contract v2 (without its columns) and after it
+//! are scanned together.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
@@ -363,4 +365,121 @@ async fn the_audit_proves_every_invoice_from_the_archive_and_names_what_was_alte
     let run = audit(&stack, &archive_url, "2026-13");
     assert_eq!(run.code, Some(2));
     assert!(run.stderr.contains("--month"), "{}", run.stderr);
+}
+
+/// A file of the schema before contract v2: this build's columns less v2's.
+fn v1_file(rows: &[archive::ArchivedRequest]) -> Vec<u8> {
+    let batch = archive::format::to_record_batch(rows).unwrap();
+    let keep: Vec<usize> = (0..batch.num_columns())
+        .filter(|i| {
+            !["pool", "dedicated_to", "queue_wait_ms", "preemptions"]
+                .contains(&batch.schema().field(*i).name().as_str())
+        })
+        .collect();
+    let old = batch.project(&keep).unwrap();
+    let mut bytes = Vec::new();
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, old.schema(), None).unwrap();
+    w.write(&old).unwrap();
+    w.close().unwrap();
+    bytes
+}
+
+#[tokio::test]
+async fn the_audit_scans_files_of_the_schemas_before_and_after_contract_v2_together() {
+    let stack = TestStack::new("auditschemas").await;
+    let store = archive::store::open(stack.dir.path().join("archive").to_str().unwrap()).unwrap();
+    let mut rng = StdRng::seed_from_u64(7);
+    let hour = (Utc::now() - TimeDelta::days(3))
+        .duration_trunc(TimeDelta::hours(1))
+        .unwrap();
+    let rows = |rng: &mut StdRng, v2: bool| -> Vec<archive::ArchivedRequest> {
+        let mut out: Vec<archive::ArchivedRequest> = (0..50)
+            .map(|i| {
+                let mut e = event(
+                    rng,
+                    hour + TimeDelta::seconds(i * 30 + i64::from(v2)),
+                    "acme-corp",
+                    5,
+                );
+                e.model = "llama-3.1-70b".into();
+                e.placement = v2.then(|| Placement {
+                    pool: e.model.clone(),
+                    dedicated_to: Some("acme-corp".into()),
+                    queue_wait_ms: 3,
+                    preemptions: 0,
+                });
+                e.schema_version = if v2 { 2 } else { 1 };
+                archive::ArchivedRequest {
+                    ingested_at: e.finished_at,
+                    kafka_partition: 0,
+                    kafka_offset: i,
+                    event: e,
+                }
+            })
+            .collect();
+        out.sort_by_key(|r| r.event.request_id);
+        out
+    };
+    let (old, new) = (rows(&mut rng, false), rows(&mut rng, true));
+    let mut listed = Vec::new();
+    for (name, part, body) in [
+        ("v1", &old, v1_file(&old)),
+        (
+            "v2",
+            &new,
+            archive::format::encode(&new, archive::format::Layout::Batch).unwrap(),
+        ),
+    ] {
+        let (day, h) = archive::archiver::hour_of(&part[0]);
+        let path = archive::archiver::path(day, h, name);
+        archive::store::put(&store, &path, body.clone().into())
+            .await
+            .unwrap();
+        listed.push(archive::manifest::NewFile {
+            path,
+            day,
+            hour: h,
+            level: 0,
+            min_request_id: part[0].event.request_id.as_uuid(),
+            max_request_id: part[part.len() - 1].event.request_id.as_uuid(),
+            rows: part.len() as i64,
+            bytes: body.len() as i64,
+            sha256: sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(&body))
+                .into(),
+        });
+    }
+    assert!(archive::manifest::swap(&stack.pool, &[], &listed)
+        .await
+        .unwrap());
+    let (hours, stats) = audit::scan::hours(
+        &stack.pool,
+        &store,
+        hour - TimeDelta::hours(1),
+        hour + TimeDelta::hours(2),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!((stats.files, stats.requests), (2, 100));
+    let sum = |owner: Option<&str>| -> (i64, i64, Decimal) {
+        hours
+            .iter()
+            .filter(|h| h.dedicated_to.as_deref() == owner)
+            .fold((0, 0, Decimal::ZERO), |(n, p, g), h| {
+                (n + h.requests, p + h.prompt_tokens, g + h.gpu_seconds)
+            })
+    };
+    let expect = |rows: &[archive::ArchivedRequest]| -> (i64, i64, Decimal) {
+        (
+            rows.len() as i64,
+            rows.iter().map(|r| r.event.prompt_tokens).sum(),
+            rows.iter().map(|r| r.event.gpu_seconds).sum(),
+        )
+    };
+    assert_eq!(sum(None), expect(&old), "the v1 file's rows, with no owner");
+    assert_eq!(
+        sum(Some("acme-corp")),
+        expect(&new),
+        "the v2 file's rows, on acme-corp's replicas"
+    );
 }
