@@ -128,6 +128,17 @@ struct Audit {
     stderr: String,
 }
 
+impl Audit {
+    /// The differences of a run that found some (exit 1), one per JSON line.
+    fn differences(&self) -> Vec<serde_json::Value> {
+        assert_eq!(self.code, Some(1), "{}\n{}", self.stdout, self.stderr);
+        self.stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
 fn audit(stack: &TestStack, archive_url: &str, month: &str) -> Audit {
     let out = std::process::Command::new(bin_dir().join("audit"))
         .args(["--month", month, "--wait-seconds", "60"])
@@ -292,12 +303,7 @@ async fn the_audit_proves_every_invoice_from_the_archive_and_names_what_was_alte
     .unwrap();
     assert_eq!(altered.rows_affected(), 1);
     let run = audit(&stack, &archive_url, &d);
-    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
-    let diffs: Vec<serde_json::Value> = run
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let diffs = run.differences();
     assert!(
         diffs
             .iter()
@@ -348,12 +354,7 @@ async fn the_audit_proves_every_invoice_from_the_archive_and_names_what_was_alte
     .await
     .unwrap();
     let run = audit(&stack, &archive_url, &b);
-    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
-    let diffs: Vec<serde_json::Value> = run
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let diffs = run.differences();
     assert!(
         diffs.iter().any(|d| d["tenant_id"] == "finserv-team"
             && d["what"] == "total"
