@@ -66,11 +66,30 @@ impl PrivatePostgres {
 
     /// Starts the server again on the same data (crash recovery runs) and
     /// waits until it accepts connections.
+    ///
+    /// A killed server's backends can still be attached to its shared
+    /// memory for a moment after the last of them is gone from the process
+    /// group; the new postmaster then refuses to start ("pre-existing
+    /// shared memory block … is still in use"). That refusal is retried for
+    /// up to 5 s; any other failure is returned.
     pub async fn restart(&mut self) -> Result<()> {
-        self.service.restart()?;
-        self.cluster
-            .wait_ready(Some(&mut self.service), Duration::from_secs(60))
-            .await
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            self.service.restart()?;
+            let ready = self
+                .cluster
+                .wait_ready(Some(&mut self.service), Duration::from_secs(60))
+                .await;
+            let busy = ready.is_err()
+                && self.service.exited().is_some()
+                && self.log_tail().contains("pre-existing shared memory block");
+            if !busy || tokio::time::Instant::now() > deadline {
+                return ready;
+            }
+            // Reap the refused postmaster before starting another.
+            self.service.kill9().await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// The server's log so far.
