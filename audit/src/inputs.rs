@@ -116,20 +116,23 @@ pub async fn reports(
         .collect()
 }
 
-/// How many requests that started in `[from, to)` and were ingested
-/// before `before` are not in the archive's files yet.
+/// How many requests that started in any of `ranges` (`[from, to)`,
+/// disjoint) and were ingested before `before` are not in the archive's
+/// files yet: one query however many ranges.
 pub async fn not_yet_archived(
     pool: &PgPool,
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
+    ranges: &[(DateTime<Utc>, DateTime<Utc>)],
     before: DateTime<Utc>,
 ) -> Result<i64, AuditError> {
+    let (froms, tos): (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) = ranges.iter().copied().unzip();
     let (n,): (i64,) = sqlx::query_as(
         "SELECT count(*) FROM archive_queue q JOIN request_log r USING (request_id)
-         WHERE r.started_at >= $1 AND r.started_at < $2 AND r.ingested_at < $3",
+         JOIN UNNEST($1::timestamptz[], $2::timestamptz[]) AS p(s, e)
+           ON r.started_at >= p.s AND r.started_at < p.e
+         WHERE r.ingested_at < $3",
     )
-    .bind(from)
-    .bind(to)
+    .bind(&froms)
+    .bind(&tos)
     .bind(before)
     .fetch_one(pool)
     .await?;

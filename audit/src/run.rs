@@ -302,10 +302,7 @@ async fn wait_for_archive(
 ) -> Result<(), AuditError> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let mut behind = 0;
-        for (from, to) in ranges {
-            behind += inputs::not_yet_archived(pool, *from, *to, latest).await?;
-        }
+        let behind = inputs::not_yet_archived(pool, ranges, latest).await?;
         if behind == 0 {
             return Ok(());
         }
