@@ -76,6 +76,10 @@ pub struct ReportHour {
     pub class: usize,
     pub busy_gpu_seconds: Decimal,
     pub idle_gpu_seconds: Decimal,
+    /// What the v2 reports among them lent (ran for other tenants).
+    pub lent_gpu_seconds: Decimal,
+    /// How many of them are v1 reports, which do not say what they lent.
+    pub without_lent: i64,
 }
 
 /// The replica reports of hours `[from, to)`, summed per owner, model,
@@ -86,13 +90,24 @@ pub async fn reports(
     to: DateTime<Utc>,
     instants: &[DateTime<Utc>],
 ) -> Result<Vec<ReportHour>, AuditError> {
-    type Row = (Option<String>, String, DateTime<Utc>, i32, Decimal, Decimal);
+    type Row = (
+        Option<String>,
+        String,
+        DateTime<Utc>,
+        i32,
+        Decimal,
+        Decimal,
+        Decimal,
+        i64,
+    );
     // width_bucket over sorted lower bounds: how many are <= ingested_at.
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT dedicated_to, model, hour,
                 CASE WHEN cardinality($3::timestamptz[]) = 0 THEN 0
                      ELSE width_bucket(ingested_at, $3::timestamptz[]) END,
-                sum(busy_gpu_seconds), sum(idle_gpu_seconds)
+                sum(busy_gpu_seconds), sum(idle_gpu_seconds),
+                coalesce(sum(lent_gpu_seconds), 0),
+                count(*) FILTER (WHERE lent_gpu_seconds IS NULL)
          FROM replica_reports WHERE hour >= $1 AND hour < $2
          GROUP BY 1, 2, 3, 4",
     )
@@ -102,18 +117,43 @@ pub async fn reports(
     .fetch_all(pool)
     .await?;
     rows.into_iter()
-        .map(|(dedicated_to, model, hour, class, busy, idle)| {
-            Ok(ReportHour {
-                dedicated_to,
-                model,
-                hour,
-                class: usize::try_from(class)
-                    .map_err(|_| AuditError::Invalid(format!("report class {class}")))?,
-                busy_gpu_seconds: busy,
-                idle_gpu_seconds: idle,
-            })
-        })
+        .map(
+            |(dedicated_to, model, hour, class, busy, idle, lent, without_lent)| {
+                Ok(ReportHour {
+                    dedicated_to,
+                    model,
+                    hour,
+                    class: usize::try_from(class)
+                        .map_err(|_| AuditError::Invalid(format!("report class {class}")))?,
+                    busy_gpu_seconds: busy,
+                    idle_gpu_seconds: idle,
+                    lent_gpu_seconds: lent,
+                    without_lent,
+                })
+            },
+        )
         .collect()
+}
+
+/// Per hour in `[from, to)`, the latest `ingested_at` among the replica
+/// reports ingested at or after `after` (late reports, as far as any
+/// invoice finalized at `after` or later is concerned).
+pub async fn late_reports(
+    pool: &PgPool,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    after: DateTime<Utc>,
+) -> Result<Vec<(DateTime<Utc>, DateTime<Utc>)>, AuditError> {
+    Ok(sqlx::query_as(
+        "SELECT hour, max(ingested_at) FROM replica_reports
+         WHERE hour >= $1 AND hour < $2 AND ingested_at >= $3
+         GROUP BY hour",
+    )
+    .bind(from)
+    .bind(to)
+    .bind(after)
+    .fetch_all(pool)
+    .await?)
 }
 
 /// How many requests that started in any of `ranges` (`[from, to)`,

@@ -2,9 +2,9 @@
 //! with billing's rating, as billing would have computed it at a given
 //! instant (a finalization's `finalized_at`, or the audit's own reading of
 //! a draft): usage and off-peak discount lines, reserved capacity and its
-//! credits, the grace waiver, the overhead share, and adjustments for late
-//! usage of earlier finalized months — each from the rows ingested before
-//! that instant.
+//! credits, the grace waiver, the overhead share, and adjustments for
+//! late usage and late replica reports of earlier finalized months — each
+//! from the rows ingested before that instant.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -24,7 +24,7 @@ use crate::error::AuditError;
 use crate::inputs::{Issued, ReportHour};
 use crate::scan::ArchiveHour;
 
-/// How far back late usage is billed as adjustments (billing's rule).
+/// How far back late rows are billed as adjustments (billing's rule).
 pub const ADJUSTMENT_MONTHS: usize = 12;
 
 /// Everything an invoice is recomputed from.
@@ -40,9 +40,10 @@ pub struct Sources<'a> {
     pub budgets: &'a HashMap<(String, String), Decimal>,
     /// Every invoice issued in the months concerned.
     pub issued: &'a [Issued],
-    /// The (tenant, earlier month) pairs scanned in full; an earlier month
-    /// not among them has nothing to adjust (see [`crate::run`]).
-    pub full_months: &'a HashSet<(String, String)>,
+    /// The earlier months (`YYYY-MM`) scanned in full, every tenant's
+    /// window and the book's; an earlier month not among them has nothing
+    /// to adjust (see [`crate::run`]).
+    pub full_months: &'a HashSet<String>,
 }
 
 /// Which rows of a tenant's usage a sum takes.
@@ -120,8 +121,9 @@ impl Sources<'_> {
     }
 
     /// An owner's dedicated pools in `[from, to)` at class limit `k`:
-    /// capacity from the reports, its own usage and what others ran there
-    /// from the archive.
+    /// capacity and what others ran there (lent) from the reports, its own
+    /// usage from the archive — and for an hour holding a v1 report, what
+    /// others ran there from the archive too.
     fn reservations(
         &self,
         owner: &str,
@@ -142,23 +144,47 @@ impl Sources<'_> {
                     ..Reservation::default()
                 })
         }
+        // Per (model, hour) with reports: whether one of them is v1, which
+        // does not say what it lent; such an hour's lent time comes from
+        // the events that ended there (billing's rule).
+        let mut v1_hours: BTreeMap<(&str, DateTime<Utc>), bool> = BTreeMap::new();
         for r in self.reports.iter().filter(|r| {
             r.dedicated_to.as_deref() == Some(owner)
                 && r.class <= k
                 && r.hour >= from
                 && r.hour < to
         }) {
-            pool(&mut pools, &r.model).reserved_gpu_seconds +=
-                r.busy_gpu_seconds + r.idle_gpu_seconds;
+            let p = pool(&mut pools, &r.model);
+            p.reserved_gpu_seconds += r.busy_gpu_seconds + r.idle_gpu_seconds;
+            p.lent_gpu_seconds += r.lent_gpu_seconds;
+            *v1_hours.entry((r.model.as_str(), r.hour)).or_default() |= r.without_lent > 0;
         }
-        for h in self.hours.iter().filter(|h| {
-            h.dedicated_to.as_deref() == Some(owner)
-                && h.tenant_id != owner
-                && h.class <= k
-                && h.hour >= from
-                && h.hour < to
-        }) {
-            pool(&mut pools, &h.model).lent_gpu_seconds += h.gpu_seconds;
+        for ((model, hour), _) in v1_hours.iter().filter(|(_, v1)| **v1) {
+            // The v2 reports' lent time of a v1 hour is not used.
+            let v2_lent: Decimal = self
+                .reports
+                .iter()
+                .filter(|r| {
+                    r.dedicated_to.as_deref() == Some(owner)
+                        && r.class <= k
+                        && r.hour == *hour
+                        && r.model == *model
+                })
+                .map(|r| r.lent_gpu_seconds)
+                .sum();
+            let from_events: Decimal = self
+                .hours
+                .iter()
+                .filter(|h| {
+                    h.dedicated_to.as_deref() == Some(owner)
+                        && h.tenant_id != owner
+                        && h.class <= k
+                        && h.hour == *hour
+                        && h.model == *model
+                })
+                .map(|h| h.gpu_seconds)
+                .sum();
+            pool(&mut pools, model).lent_gpu_seconds += from_events - v2_lent;
         }
         for g in self.groups(owner, Rows::OwnDedicated, from, to, k, book)? {
             pool(&mut pools, &g.model).own_usage.push(g);
@@ -222,20 +248,19 @@ impl Sources<'_> {
         ))
     }
 
-    /// What a month's usage bills at class limit `k`, net of its waiver:
-    /// what its adjustments are measured by.
+    /// What a month charges at class limit `k`: usage, reserved capacity
+    /// and credits, less its waiver — what its adjustments are measured by
+    /// (billing's rule, [`billing_api::adjustments`]; the overhead split of
+    /// a finalized month is final).
     fn net(&self, t: &Tenant, month: Month, k: usize) -> Result<Decimal, AuditError> {
         let (start, end) = month.bounds(t.time_zone);
-        let (_, lines) = self.rated(t, start, end, k, self.book(month)?)?;
-        let usage: Decimal = lines
-            .iter()
-            .filter(|l| matches!(l.kind, LineKind::Usage | LineKind::Discount))
-            .map(|l| l.amount)
-            .sum();
+        let book = self.book(month)?;
+        let (_, lines) = self.rated(t, start, end, k, book)?;
+        let charges = grace::budgeted(&lines);
         let waived = self
-            .waiver(t, month, k, grace::budgeted(&lines))?
+            .waiver(t, month, k, charges)?
             .map_or(Decimal::ZERO, |l| -l.amount);
-        Ok(usage - waived)
+        Ok(charges - waived)
     }
 
     /// A tenant's share of the month's overhead pool at class limit `k`.
@@ -276,9 +301,9 @@ impl Sources<'_> {
     }
 
     /// The adjustment lines on a tenant's invoice for `month` read at `at`:
-    /// for each earlier month whose invoice was live then, what its usage
-    /// ingested before `at` bills less what was billed for it (its invoice
-    /// and the adjustments for it on invoices live at `at`).
+    /// for each earlier month whose invoice was live then, what the rows
+    /// ingested before `at` bill for it less what was billed for it (its
+    /// invoice and the adjustments for it on invoices live at `at`).
     fn adjustments(
         &self,
         t: &Tenant,
@@ -304,7 +329,8 @@ impl Sources<'_> {
         live.sort_by(|a, b| a.period.cmp(&b.period));
         let mut billed: HashMap<&str, Decimal> = HashMap::new();
         for i in &live {
-            *billed.entry(i.period.as_str()).or_default() += i.body.subtotal + i.body.waived;
+            *billed.entry(i.period.as_str()).or_default() +=
+                billing_api::adjustments::charged(&i.body);
             for l in i
                 .body
                 .lines
@@ -317,10 +343,7 @@ impl Sources<'_> {
             }
         }
         let mut out = Vec::new();
-        for i in live.iter().filter(|i| {
-            self.full_months
-                .contains(&(t.tenant_id.clone(), i.period.clone()))
-        }) {
+        for i in live.iter().filter(|i| self.full_months.contains(&i.period)) {
             let q = Month::parse(&i.period)?;
             let delta =
                 self.net(t, q, k)? - billed.get(i.period.as_str()).copied().unwrap_or_default();

@@ -7,14 +7,16 @@
 //!    those instants (it waits up to `wait` for the archiver);
 //! 3. one DataFusion scan of the month (all tenants: the overhead split
 //!    needs everyone's GPU time), plus a scan of each earlier month that
-//!    carries late usage or an adjustment line (found by a probe that
-//!    reads only rows ingested after the first earlier invoice);
+//!    carries late usage, a late replica report or an adjustment line
+//!    (found by probes that read only rows ingested after the first
+//!    earlier invoice); such a month is scanned for every tenant;
 //! 4. each invoice recomputed at its instant ([`crate::recompute`]) and
 //!    compared ([`crate::compare`]).
 //!
-//! An earlier month with no usage ingested after its live invoice and no
-//! adjustment line on this invoice has nothing to adjust: its rows are
-//! exactly those its own invoice holds, which auditing that month checks.
+//! An earlier month with no usage or replica report ingested after its
+//! live invoices and no adjustment line on this invoice has nothing to
+//! adjust: its rows are exactly those its own invoices hold, which
+//! auditing that month checks.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
@@ -125,10 +127,14 @@ pub async fn month(
     let mut ranges = vec![month.bounds(book_zone)];
     ranges.extend(tenants.iter().map(|t| month.bounds(t.time_zone)));
     let full = earlier_months_needed(pool, store, month, &tenants, &issued, &targets).await?;
-    for (tenant, q) in &full {
-        if let Some(t) = tenants.iter().find(|t| &t.tenant_id == tenant) {
-            ranges.push(Month::parse(q)?.bounds(t.time_zone));
-        }
+    for q in &full {
+        let book = books
+            .get(q)
+            .ok_or_else(|| AuditError::Invalid(format!("no price book loaded for {q}")))?;
+        let zone = parse_zone(&book.time_zone)?;
+        let q = Month::parse(q)?;
+        ranges.push(q.bounds(zone));
+        ranges.extend(tenants.iter().map(|t| q.bounds(t.time_zone)));
     }
     let ranges = merge(ranges);
     if let Some(latest) = targets.iter().map(|t| t.at).max() {
@@ -223,9 +229,9 @@ async fn targets(
     Ok(out)
 }
 
-/// The (tenant, earlier month) pairs whose usage must be scanned in full:
-/// those with usage ingested after the month's live invoice, or with an
-/// adjustment line on the audited invoice.
+/// The earlier months (`YYYY-MM`) whose rows must be scanned in full:
+/// those with usage or a replica report ingested after one of the month's
+/// live invoices, or an adjustment line on an audited invoice.
 async fn earlier_months_needed(
     pool: &PgPool,
     store: &ArchiveStore,
@@ -233,9 +239,9 @@ async fn earlier_months_needed(
     tenants: &[billing_api::tenant::Tenant],
     issued: &[Issued],
     targets: &[Target],
-) -> Result<HashSet<(String, String)>, AuditError> {
+) -> Result<HashSet<String>, AuditError> {
     let period = month.to_string();
-    let mut needed: HashSet<(String, String)> = HashSet::new();
+    let mut needed: HashSet<String> = HashSet::new();
     for t in targets {
         for l in t
             .body
@@ -244,21 +250,26 @@ async fn earlier_months_needed(
             .filter(|l| l.kind == LineKind::Adjustment)
         {
             if let Some(q) = &l.adjusts {
-                needed.insert((t.tenant_id.clone(), q.clone()));
+                needed.insert(q.clone());
             }
         }
     }
-    // The earlier invoices live at each target's instant, with their windows.
+    // The earlier invoices live at some target's instant, each with the
+    // widest window a row of its month can fall in (any tenant's zone).
     let mut earlier: Vec<(&Issued, DateTime<Utc>, DateTime<Utc>)> = Vec::new();
     for t in targets {
-        let Some(tenant) = tenants.iter().find(|x| x.tenant_id == t.tenant_id) else {
-            continue;
-        };
         for i in issued
             .iter()
             .filter(|i| i.tenant_id == t.tenant_id && i.period < period && i.live_at(t.at))
         {
-            let (s, e) = Month::parse(&i.period)?.bounds(tenant.time_zone);
+            let q = Month::parse(&i.period)?;
+            let windows = tenants.iter().map(|x| q.bounds(x.time_zone));
+            let (Some(s), Some(e)) = (
+                windows.clone().map(|w| w.0).min(),
+                windows.map(|w| w.1).max(),
+            ) else {
+                continue;
+            };
             earlier.push((i, s, e));
         }
     }
@@ -269,10 +280,17 @@ async fn earlier_months_needed(
     ) else {
         return Ok(needed);
     };
-    for (tenant, hour, latest) in scan::late(pool, store, from, to, after).await? {
+    let mut late = scan::late(pool, store, from, to, after).await?;
+    late.extend(
+        inputs::late_reports(pool, from, to, after)
+            .await?
+            .into_iter()
+            .map(|(hour, latest)| (String::new(), hour, latest)),
+    );
+    for (_, hour, latest) in late {
         for (i, s, e) in &earlier {
-            if i.tenant_id == tenant && hour >= *s && hour < *e && latest >= i.finalized_at {
-                needed.insert((tenant.clone(), i.period.clone()));
+            if hour >= *s && hour < *e && latest >= i.finalized_at {
+                needed.insert(i.period.clone());
             }
         }
     }

@@ -1,16 +1,24 @@
-//! Adjustments: usage that arrives for a finalized month is billed as an
-//! adjustment line on a later invoice, never by changing the finalized one.
-//! For a month in a tenant's grace period, the waiver is recomputed too:
-//! late usage above the budget that accrued in grace is not billed either.
+//! Adjustments: what changes a finalized month after it was invoiced is
+//! billed as an adjustment line on a later invoice, never by changing the
+//! finalized one. Late usage changes its usage lines (and, on a dedicated
+//! replica, its owner's credit for it); a late replica report changes its
+//! owner's reserved line. So an adjustment is the month's charges as they
+//! rate now — usage, reserved capacity and credits, less the grace waiver
+//! (recomputed: late charges above the budget that accrued in grace are
+//! not billed either) — less everything billed for them. The overhead
+//! split of a finalized month is final: its pool was allocated in full when
+//! the month closed, and late rows do not re-split it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
 
 use crate::error::BillingError;
+use crate::grace;
+use crate::invoice::InvoiceBody;
 use crate::period::Month;
-use crate::rating::{Line, LineKind};
+use crate::rating::{Line, LineKind, PriceBook};
 use crate::store;
 use crate::tenant::Tenant;
 
@@ -18,8 +26,8 @@ use crate::tenant::Tenant;
 const ADJUSTMENT_MONTHS: usize = 12;
 
 /// Adjustment lines for `month`: for each earlier finalized month (up to a
-/// year back), what its usage rates to now, less what its invoice billed and
-/// what finalized invoices after it already adjusted.
+/// year back), what it rates to now, less what its invoice billed and what
+/// finalized invoices after it already adjusted.
 pub async fn lines(
     conn: &mut PgConnection,
     month: Month,
@@ -35,28 +43,28 @@ pub async fn lines(
         return Ok(HashMap::new());
     }
     // What each (tenant, earlier month) has been billed so far: its own
-    // usage lines, plus adjustments for it on finalized invoices since.
+    // invoice's charges, plus adjustments for it on finalized invoices since.
     let mut billed: HashMap<(String, String), Decimal> = HashMap::new();
     for (tenant, period, body) in &rows {
-        *billed.entry((tenant.clone(), period.clone())).or_default() += body.subtotal + body.waived;
+        *billed.entry((tenant.clone(), period.clone())).or_default() += charged(body);
         for l in body.lines.iter().filter(|l| l.kind == LineKind::Adjustment) {
             if let Some(q) = &l.adjusts {
                 *billed.entry((tenant.clone(), q.clone())).or_default() += l.amount;
             }
         }
     }
+    let mut books: BTreeMap<Month, PriceBook> = BTreeMap::new();
     let mut out: HashMap<String, Vec<Line>> = HashMap::new();
     for (tenant, period, _) in &rows {
         let Some(t) = tenants.iter().find(|t| &t.tenant_id == tenant) else {
             continue;
         };
         let q = Month::parse(period)?;
-        let usage: Decimal = crate::rated::usage_lines(conn, q, t)
-            .await?
-            .iter()
-            .map(|l| l.amount)
-            .sum();
-        let now = usage - crate::grace::waived_now(conn, t, q).await?;
+        if let std::collections::btree_map::Entry::Vacant(slot) = books.entry(q) {
+            slot.insert(store::price_books::in_effect(conn, q.first_day()).await?);
+        }
+        let charges = grace::budgeted(&crate::rated::charge_lines(conn, &books[&q], q, t).await?);
+        let now = charges - grace::waived_now(conn, t, q).await?;
         let delta = now
             - billed
                 .get(&(tenant.clone(), period.clone()))
@@ -71,11 +79,19 @@ pub async fn lines(
     Ok(out)
 }
 
+/// What an invoice charged for its own month's usage and reservations,
+/// net of its waiver: what later adjustments for the month are measured
+/// against (its overhead share and its adjustments of earlier months are
+/// not part of it).
+pub fn charged(body: &InvoiceBody) -> Decimal {
+    body.subtotal + body.reserved + body.waived
+}
+
 /// The adjustment line billing `delta` more (or less) for `period`.
 pub fn adjustment_line(period: &str, delta: Decimal) -> Line {
     Line {
         kind: LineKind::Adjustment,
-        description: format!("usage for {period} that arrived after its invoice was finalized"),
+        description: format!("charges for {period} that changed after its invoice was finalized (late usage or replica reports)"),
         model: None,
         priority: None,
         off_peak: None,

@@ -1,7 +1,8 @@
 //! Stored usage as rating input: each tenant's usage in its window as
-//! rating groups (peak/off-peak decided by the book), and one tenant's
-//! month rated to lines. Below both [`crate::drafts`] and
-//! [`crate::adjustments`], which need it and must not need each other.
+//! rating groups (peak/off-peak decided by the book), its dedicated pools,
+//! and one tenant's month rated to lines.
+//! Below both [`crate::drafts`] and [`crate::adjustments`], which need it
+//! and must not need each other.
 
 use std::collections::HashMap;
 
@@ -9,7 +10,7 @@ use sqlx::PgConnection;
 
 use crate::error::BillingError;
 use crate::period::Month;
-use crate::rating::{rate, Line, PriceBook, UsageGroup};
+use crate::rating::{rate, reserved_lines, Line, PriceBook, UsageGroup};
 use crate::store::{self, usage::Window};
 use crate::tenant::Tenant;
 
@@ -46,18 +47,31 @@ pub async fn reservations(
     store::usage::reservations(conn, windows, &off_peak).await
 }
 
-/// Rates one tenant's usage for `month` as it stands now (for adjustments).
-pub async fn usage_lines(
+/// Rates one tenant's `month` as it stands now (for adjustments): its
+/// usage lines, then its reserved-capacity lines and their credits.
+pub async fn charge_lines(
     conn: &mut PgConnection,
+    book: &PriceBook,
     month: Month,
     tenant: &Tenant,
 ) -> Result<Vec<Line>, BillingError> {
-    let book = store::price_books::in_effect(conn, month.first_day()).await?;
     let (s, e) = month.bounds(tenant.time_zone);
-    let mut groups = usage_groups(conn, &book, &[(tenant.tenant_id.clone(), s, e)]).await?;
-    Ok(rate(
-        &groups.remove(&tenant.tenant_id).unwrap_or_default(),
-        &book,
-        tenant.billing_mode,
-    )?)
+    let window = [(tenant.tenant_id.clone(), s, e)];
+    let groups = usage_groups(conn, book, &window)
+        .await?
+        .remove(&tenant.tenant_id)
+        .unwrap_or_default();
+    let mut lines = rate(&groups, book, tenant.billing_mode)?;
+    if let Some(pools) = reservations(conn, book, &window)
+        .await?
+        .remove(&tenant.tenant_id)
+    {
+        lines.extend(reserved_lines(
+            &pools,
+            book,
+            tenant.billing_mode,
+            tenant.priority,
+        )?);
+    }
+    Ok(lines)
 }

@@ -64,5 +64,6 @@ pub use profile::ModelProfile;
 pub use replica::{Outcome, Replica, SeqRequest};
 pub use scheduler::ServiceClass;
 pub use simulator::{
-    BusyIdle, Completion, CompletionRequest, Generation, Piece, ReplicaGpuTime, Simulator,
+    BusyIdle, Completion, CompletionRequest, Generation, OwnerWaiting, Piece, ReplicaGpuTime,
+    Simulator,
 };

@@ -12,7 +12,8 @@
 //! **Dedicated replicas** (the profile's `dedicated`): the pool's first
 //! replicas belong to a tenant. Its requests go there first; while it has a
 //! request running on one, nobody else's starts there ([`Stay`] keeps that
-//! count); while it has none there, the replica is lent like any other.
+//! count), nor while one of its requests waits for room in the gateway's
+//! queue ([`OwnerWaiting`]); otherwise the replica is lent like any other.
 //!
 //! **Reserved floors** (`fleet::pool`): the tenants' floors, set from the
 //! tenant config, are kept free of other tenants' work until their owners
@@ -162,7 +163,6 @@ impl ModelPool {
             tenant,
             kv,
             threshold_percent: class.threshold_percent(),
-            owner_waiting: false,
         };
         let at = pool.route(&placement, rng)?;
         let id = &pool.replicas()[at].id;
@@ -174,6 +174,23 @@ impl ModelPool {
     /// Replica `replica_id` died: it leaves the router's pool.
     pub(crate) fn remove(&self, replica_id: &str) {
         self.router().pool.remove(replica_id);
+    }
+
+    /// A request of `owner` waits for room in the gateway's queue: its
+    /// dedicated replicas are not lent to anyone else until the returned
+    /// guard is dropped (when the request is placed or gives up). `None`
+    /// when `owner` has no dedicated replica in this pool.
+    pub(crate) fn owner_waiting(&self, owner: &str) -> Option<OwnerWaiting> {
+        self.replicas
+            .iter()
+            .any(|h| h.owner.as_deref() == Some(owner))
+            .then(|| {
+                self.router().pool.owner_waits(owner);
+                OwnerWaiting {
+                    router: self.router.clone(),
+                    owner: owner.to_owned(),
+                }
+            })
     }
 
     /// Replica `i` refused a request of `tenant` (`kv` bytes) for its
@@ -216,6 +233,30 @@ impl ModelPool {
             .filter_map(|h| h.snapshot.lock().ok().map(|s| s.kv_usage))
             .fold(None, |m: Option<f64>, u| Some(m.map_or(u, |m| m.min(u))))
             .map_or(100, |u| (u * 100.0).floor() as u64)
+    }
+}
+
+/// An owner's request waiting for room ([`ModelPool::owner_waiting`]);
+/// dropping it lends the owner's replicas again (if nothing else of the
+/// owner waits or runs there).
+#[must_use = "the owner counts as waiting only while this is held"]
+pub struct OwnerWaiting {
+    router: Arc<Mutex<Router>>,
+    owner: String,
+}
+
+impl std::fmt::Debug for OwnerWaiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnerWaiting")
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for OwnerWaiting {
+    fn drop(&mut self) {
+        let mut r = self.router.lock().unwrap_or_else(PoisonError::into_inner);
+        r.pool.owner_stops_waiting(&self.owner);
     }
 }
 

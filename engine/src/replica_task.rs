@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::clock::Pacer;
 use crate::error::EngineError;
 use crate::metrics::ReplicaSnapshot;
-use crate::replica::{Event, Replica, SeqRequest};
+use crate::replica::{Event, Replica, ReplicaStats, SeqRequest};
 use crate::scheduler::SeqId;
 
 /// What a replica task is told.
@@ -31,24 +31,58 @@ pub(crate) enum Command {
     /// The replica dies: fail every request on it and stop.
     Fail,
     /// Its busy and idle GPU time so far, idle time brought up to the wall
-    /// clock first (a replica with nothing to do accrues idle time lazily).
-    Account(oneshot::Sender<BusyIdle>),
+    /// clock first (a replica with nothing to do accrues idle time lazily);
+    /// `owner` is the tenant the replica is dedicated to, whose own work is
+    /// not lent.
+    Account {
+        owner: Option<String>,
+        reply: oneshot::Sender<BusyIdle>,
+    },
 }
 
 /// A replica's GPU time since its task started, in micro-GPU-seconds
-/// (time × the replica's GPUs). `busy` is what it attributed to requests.
+/// (time × the replica's GPUs). `busy` is what it attributed to requests;
+/// `lent`, the part of it attributed to other tenants' requests on a
+/// replica dedicated to an owner (0 on a shared replica) — every attempt's,
+/// preempted ones included, as the replica itself counted it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BusyIdle {
     pub busy_gpu_micros: u64,
     pub idle_gpu_micros: u64,
+    pub lent_gpu_micros: u64,
 }
 
 impl BusyIdle {
-    fn of(replica: &Replica) -> Self {
-        let s = replica.stats();
+    fn of(replica: &Replica, owner: Option<&str>) -> Self {
+        Self::from_stats(
+            replica.stats(),
+            replica.tenant_names(),
+            replica.gpus(),
+            owner,
+        )
+    }
+
+    /// From a replica's counters and its tenants (by index), `gpus` each.
+    pub(crate) fn from_stats(
+        s: &ReplicaStats,
+        tenants: &[Arc<str>],
+        gpus: u64,
+        owner: Option<&str>,
+    ) -> Self {
+        let lent_gpu_micros = match owner {
+            None => 0,
+            Some(owner) => s
+                .tenant_gpu_micros
+                .iter()
+                .zip(tenants)
+                .filter(|(_, t)| &***t != owner)
+                .map(|(m, _)| m)
+                .sum(),
+        };
         Self {
-            busy_gpu_micros: s.busy_micros * replica.gpus(),
-            idle_gpu_micros: s.idle_micros * replica.gpus(),
+            busy_gpu_micros: s.busy_micros * gpus,
+            idle_gpu_micros: s.idle_micros * gpus,
+            lent_gpu_micros,
         }
     }
 }
@@ -149,8 +183,8 @@ fn handle(
             deliver(replica, subscribers);
             return std::ops::ControlFlow::Break(());
         }
-        Command::Account(reply) => {
-            let _ = reply.send(BusyIdle::of(replica));
+        Command::Account { owner, reply } => {
+            let _ = reply.send(BusyIdle::of(replica, owner.as_deref()));
         }
     }
     std::ops::ControlFlow::Continue(())

@@ -32,6 +32,7 @@ use crate::error::{EngineError, NoRoom};
 use crate::metrics::ReplicaSnapshot;
 use crate::profile::ModelProfile;
 use crate::replica::{Event, Finish, Outcome, Replica, SeqRequest};
+pub use crate::replica_pool::OwnerWaiting;
 use crate::replica_pool::{ModelPool, ReplicaHandle, Stay};
 pub use crate::replica_task::BusyIdle;
 use crate::replica_task::{drive, Command};
@@ -107,14 +108,22 @@ impl Simulator {
         for pool in &self.pools {
             for handle in &pool.replicas {
                 let time = if handle.dead.load(Ordering::Acquire) {
-                    handle.snapshot.lock().ok().map(|s| BusyIdle {
-                        busy_gpu_micros: s.stats.busy_micros * s.gpus,
-                        idle_gpu_micros: s.stats.idle_micros * s.gpus,
+                    handle.snapshot.lock().ok().map(|s| {
+                        BusyIdle::from_stats(&s.stats, &s.tenants, s.gpus, handle.owner.as_deref())
                     })
                 } else {
                     let (reply, answer) = oneshot::channel();
                     match self.sender(pool, handle) {
-                        Ok(tx) if tx.send(Command::Account(reply)).is_ok() => answer.await.ok(),
+                        Ok(tx)
+                            if tx
+                                .send(Command::Account {
+                                    owner: handle.owner.clone(),
+                                    reply,
+                                })
+                                .is_ok() =>
+                        {
+                            answer.await.ok()
+                        }
                         _ => None,
                     }
                 };
@@ -305,6 +314,16 @@ impl Simulator {
         for pool in &self.pools {
             pool.set_floors(floors.clone());
         }
+    }
+
+    /// `tenant`'s request of `model` waits for room: while the guard is
+    /// held, no other tenant's request starts on `tenant`'s dedicated
+    /// replicas of the model. `None` when it has none.
+    pub fn owner_waiting(&self, model: &str, tenant: &str) -> Option<OwnerWaiting> {
+        self.pools
+            .iter()
+            .find(|p| p.profile.name == model)?
+            .owner_waiting(tenant)
     }
 
     /// Answers a request once it has finished.

@@ -11,9 +11,12 @@
 //! Eligible means: alive; below its class's admission threshold
 //! (60/85/92% of KV for best-effort, standard, reserved), the replica's own
 //! rule; and, for a replica dedicated to a tenant, either that
-//! tenant's request or a lender's whose owner has nothing queued or
-//! running there (lent work is preempted first when the owner's arrives —
-//! the preemption itself is not built yet). A replica that dies leaves the
+//! tenant's request or a lender's whose owner has nothing running there
+//! and nothing waiting for room ([`Pool::owner_waits`]: a request of the
+//! owner waiting in the gateway's queue keeps its replicas from being lent
+//! again, so the room a preemption frees for the owner goes to the owner;
+//! lent work is preempted first when the owner's request waits, see
+//! [`crate::preempt`]). A replica that dies leaves the
 //! pool: [`Pool::remove`] returns it, and the caller fails its requests in
 //! flight with an error (never a silent regeneration).
 //!
@@ -47,6 +50,8 @@ pub struct Replica {
     pub owner: Option<String>,
     /// The owner's requests running on it.
     pub owner_running: u32,
+    /// The owner's requests waiting for room (in the gateway's queue).
+    pub owner_waiting: u32,
 }
 
 impl Replica {
@@ -58,6 +63,7 @@ impl Replica {
             routed_since: 0,
             owner: None,
             owner_running: 0,
+            owner_waiting: 0,
         }
     }
 
@@ -93,9 +99,6 @@ pub struct Placement<'a> {
     pub kv: u64,
     /// Its class's admission threshold, percent of KV.
     pub threshold_percent: u64,
-    /// Whether the owner of a dedicated replica has work queued (a lender
-    /// may not start there then).
-    pub owner_waiting: bool,
 }
 
 /// Why a request was not placed.
@@ -232,7 +235,7 @@ impl Pool {
     fn eligible(&self, i: usize, p: &Placement<'_>) -> bool {
         let r = &self.replicas[i];
         let own = r.owner.as_deref().is_none_or(|o| o == p.tenant);
-        let lendable = !p.owner_waiting && r.owner_running == 0;
+        let lendable = r.owner_waiting == 0 && r.owner_running == 0;
         (own || lendable) && r.admits(p.threshold_percent)
     }
 
@@ -310,6 +313,29 @@ impl Pool {
         }
     }
 
+    /// A request of `owner` waits for room: none of its dedicated replicas
+    /// is lent until [`Pool::owner_stops_waiting`].
+    pub fn owner_waits(&mut self, owner: &str) {
+        for r in self
+            .replicas
+            .iter_mut()
+            .filter(|r| r.owner.as_deref() == Some(owner))
+        {
+            r.owner_waiting = r.owner_waiting.saturating_add(1);
+        }
+    }
+
+    /// A request of `owner` that waited was placed or gave up.
+    pub fn owner_stops_waiting(&mut self, owner: &str) {
+        for r in self
+            .replicas
+            .iter_mut()
+            .filter(|r| r.owner.as_deref() == Some(owner))
+        {
+            r.owner_waiting = r.owner_waiting.saturating_sub(1);
+        }
+    }
+
     /// Replica `id` died: it leaves the pool (its requests in flight are
     /// the caller's to fail).
     pub fn remove(&mut self, id: &str) -> Option<Replica> {
@@ -333,7 +359,6 @@ mod tests {
             tenant,
             kv,
             threshold_percent: 92,
-            owner_waiting: false,
         }
     }
 
@@ -394,14 +419,26 @@ mod tests {
             lent += u32::from(pool.replicas()[j].id == "acme-1");
         }
         assert!(lent > 0, "an idle owner's replica is lent");
-        let waiting = Placement {
-            owner_waiting: true,
-            ..placement("codegen", 1 << 20)
-        };
+        pool.owner_waits("acme");
         for _ in 0..50 {
-            let j = pool.route(&waiting, &mut rng).unwrap();
+            let j = pool
+                .route(&placement("codegen", 1 << 20), &mut rng)
+                .unwrap();
             assert_eq!(pool.replicas()[j].id, "shared");
         }
+        // The owner itself still goes there; once it stops waiting, the
+        // replica is lent again.
+        let i = pool.route(&placement("acme", GIB), &mut rng).unwrap();
+        assert_eq!(pool.replicas()[i].id, "acme-1");
+        pool.finished("acme-1", "acme", GIB);
+        pool.owner_stops_waiting("acme");
+        let lent_again = (0..50).any(|_| {
+            let j = pool
+                .route(&placement("codegen", 1 << 20), &mut rng)
+                .unwrap();
+            pool.replicas()[j].id == "acme-1"
+        });
+        assert!(lent_again);
     }
 
     #[test]

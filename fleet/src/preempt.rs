@@ -17,7 +17,12 @@
 //!   request of another tenant running on a replica the preemptor owns) is
 //!   preempted first, whatever its priority: the owner gets its capacity
 //!   back before anyone else's work is thrown away. The other rules (not
-//!   streamed, the cooldown, the depth) still hold.
+//!   streamed, the cooldown, the depth) still hold;
+//! - and never an owner's own request on its own dedicated replica: no
+//!   other tenant's request could start there while the owner runs there,
+//!   and the replica's time is the owner's, already paid for on its
+//!   reserved line (work thrown away there would be billed twice: on that
+//!   line and, as lost GPU time, on the request's usage).
 
 use std::time::{Duration, Instant};
 
@@ -90,6 +95,7 @@ pub fn choose(replicas: &[Replica], p: Preemptor<'_>, now: Instant) -> Option<Pl
     lent.or_else(|| {
         candidates()
             .filter(|_| !p.lent_only)
+            .filter(|(_, r, v)| r.owner.as_deref() != Some(v.tenant.as_str()))
             .filter(|(_, _, v)| v.priority < p.priority)
             .min_by_key(|(i, _, v)| (v.priority, v.gpu_micros, *i, v.id))
     })
@@ -253,6 +259,29 @@ mod tests {
         };
         assert_eq!(choose(&replicas, lent_only, now).unwrap().victim, 3);
         assert_eq!(choose(&cooling, lent_only, now), None);
+    }
+
+    #[test]
+    fn an_owners_own_work_on_its_dedicated_replica_is_never_preempted_by_another() {
+        let now = Instant::now();
+        let owned = |owner: &str| Replica {
+            last_preempted: None,
+            running: vec![Running {
+                tenant: "batch-owner".into(),
+                ..running(1, 1, false, 10)
+            }],
+            owner: Some(owner.into()),
+        };
+        let prod = Preemptor {
+            tenant: "prod",
+            priority: 5,
+            depth: 0,
+            lent_only: false,
+        };
+        // On its own replica: untouchable, though it is the lowest priority.
+        assert_eq!(choose(&[owned("batch-owner")], prod, now), None);
+        // The same request on a replica someone else owns is fair game.
+        assert_eq!(choose(&[owned("acme")], prod, now).unwrap().victim, 1);
     }
 
     proptest! {

@@ -294,6 +294,9 @@ async fn handle(
     let preempts = !preemptor.lent_only || owns_replicas;
     let mut preempt_at = preempts.then(|| arrived + budget / 2);
     let cost = gpu_micros(state, &req.model, prompt_tokens, output_estimate.min(room));
+    // While an owner's request waits, its dedicated replicas are not lent
+    // to anyone else: the room a preemption frees there is its own.
+    let mut owner_waiting = None;
     let generation = loop {
         let refused = match state.engine.start(&engine_request, req.streams()).await {
             Ok(generation) => break generation,
@@ -304,6 +307,12 @@ async fn handle(
             .queues
             .as_ref()
             .filter(|q| q.serves(&req.model) && matches!(refused, EngineError::NoCapacity { .. }));
+        if owns_replicas && queue.is_some() && owner_waiting.is_none() {
+            owner_waiting = state
+                .engine
+                .simulator()
+                .owner_waiting(&req.model, &caller.tenant_id);
+        }
         let waited = match queue {
             None => Err(None),
             Some(q) => {
@@ -357,6 +366,8 @@ async fn handle(
             }
         });
     };
+    // Placed: the owner now counts as running on its replica, if it is there.
+    drop(owner_waiting);
     let started_at = now_ms();
     let queued = arrived.elapsed();
     let include_usage = req.include_usage();

@@ -12,8 +12,9 @@
 //! Every [`GATEWAY_REPLICA_REPORT_SECS`](crate::config::GatewayConfig) and
 //! at each UTC hour boundary the reporter asks every replica for its GPU
 //! time so far and appends one report per replica with what changed since
-//! the last report: busy (attributed to requests) and idle GPU-seconds, in
-//! the engine's time, exact to the microsecond. A report never spans two
+//! the last report: busy (attributed to requests) and idle GPU-seconds, and
+//! on a dedicated replica the part of busy that ran other tenants' work
+//! (lent), in the engine's time, exact to the microsecond. A report never spans two
 //! hours; a reading taken a few milliseconds past a boundary is counted in
 //! the hour it began in, so the hours can be off by that much, never the
 //! sum. The outbox makes each report durable before it is published and
@@ -129,6 +130,11 @@ impl Reporter {
                         .idle_gpu_micros
                         .saturating_sub(last.time.idle_gpu_micros),
                 ),
+                lent_gpu_seconds: Some(micros(
+                    r.time
+                        .lent_gpu_micros
+                        .saturating_sub(last.time.lent_gpu_micros),
+                )),
             };
             self.outbox
                 .append(r.replica_id.clone(), report.to_json())

@@ -8,9 +8,12 @@
 //!   usage_hourly. A report whose id is stored with other figures is a
 //!   `conflict` dead letter.
 //! - A shared replica's idle time goes to `fleet_idle_hourly` (the idle
-//!   overhead pool); a dedicated replica's busy and idle time go to
+//!   overhead pool); a dedicated replica's busy, idle and lent time go to
 //!   `dedicated_capacity_hourly` under its owner (the reserved-capacity
-//!   line), never to the shared pool.
+//!   line and its lent credit), never to the shared pool; a v1 report,
+//!   which does not say what it lent, is counted there as such
+//!   (`reports_without_lent`), and billing takes that hour's lent time from
+//!   the events.
 //! - Counted v2 events that ran on a dedicated replica add to
 //!   `dedicated_usage_hourly` by (owner, tenant, model, priority, hour).
 
@@ -68,10 +71,10 @@ pub async fn store_reports(
     let inserted: HashSet<String> = sqlx::query(
         "INSERT INTO replica_reports (report_id, replica_id, model, reporter_id, dedicated_to,
              gpus, hour, interval_start, interval_end, busy_gpu_seconds, idle_gpu_seconds,
-             kafka_partition, kafka_offset)
+             lent_gpu_seconds, kafka_partition, kafka_offset)
          SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
              $6::integer[], $7::timestamptz[], $8::timestamptz[], $9::timestamptz[],
-             $10::numeric[], $11::numeric[], $12::integer[], $13::bigint[])
+             $10::numeric[], $11::numeric[], $12::numeric[], $13::integer[], $14::bigint[])
          ON CONFLICT (report_id) DO NOTHING RETURNING report_id",
     )
     .bind(&cols.report_id)
@@ -85,6 +88,7 @@ pub async fn store_reports(
     .bind(&cols.interval_end)
     .bind(&cols.busy)
     .bind(&cols.idle)
+    .bind(&cols.lent)
     .bind(&cols.partition)
     .bind(&cols.offset)
     .fetch_all(&mut *conn)
@@ -101,21 +105,23 @@ pub async fn store_reports(
     let others: Vec<_> = others.into_iter().chain(repeats).collect();
     if !others.is_empty() {
         let ids: Vec<&str> = others.iter().map(|r| r.report.report_id.as_str()).collect();
-        let stored: HashMap<String, (Decimal, Decimal, DateTime<Utc>)> = sqlx::query_as(
-            "SELECT report_id, busy_gpu_seconds, idle_gpu_seconds, interval_end
+        type Figures = (Decimal, Decimal, Option<Decimal>, DateTime<Utc>);
+        let stored: HashMap<String, Figures> = sqlx::query_as(
+            "SELECT report_id, busy_gpu_seconds, idle_gpu_seconds, lent_gpu_seconds, interval_end
              FROM replica_reports WHERE report_id = ANY($1)",
         )
         .bind(&ids)
         .fetch_all(&mut *conn)
         .await?
         .into_iter()
-        .map(|(id, busy, idle, end)| (id, (busy, idle, end)))
+        .map(|(id, busy, idle, lent, end)| (id, (busy, idle, lent, end)))
         .collect();
         for r in others {
             let same = stored.get(&r.report.report_id).is_some_and(|s| {
                 *s == (
                     r.report.busy_gpu_seconds,
                     r.report.idle_gpu_seconds,
+                    r.report.lent_gpu_seconds,
                     r.report.interval_end,
                 )
             });
@@ -137,8 +143,7 @@ async fn add_capacity(
     reports: &[ReportCandidate],
 ) -> Result<(), sqlx::Error> {
     let mut idle: BTreeMap<DateTime<Utc>, Decimal> = BTreeMap::new();
-    let mut dedicated: BTreeMap<(String, String, DateTime<Utc>), (Decimal, Decimal)> =
-        BTreeMap::new();
+    let mut dedicated: BTreeMap<(String, String, DateTime<Utc>), Dedicated> = BTreeMap::new();
     for r in reports {
         let r = &r.report;
         match &r.dedicated_to {
@@ -147,8 +152,12 @@ async fn add_capacity(
                 let sums = dedicated
                     .entry((owner.clone(), r.model.clone(), r.hour()))
                     .or_default();
-                sums.0 += r.busy_gpu_seconds;
-                sums.1 += r.idle_gpu_seconds;
+                sums.busy += r.busy_gpu_seconds;
+                sums.idle += r.idle_gpu_seconds;
+                match r.lent_gpu_seconds {
+                    Some(lent) => sums.lent += lent,
+                    None => sums.without_lent += 1,
+                }
             }
         }
     }
@@ -166,38 +175,58 @@ async fn add_capacity(
     }
     if !dedicated.is_empty() {
         let n = dedicated.len();
-        let (mut owner, mut model, mut hour, mut busy, mut idle) = (
+        let (mut owner, mut model, mut hour) = (
             Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        let (mut busy, mut idle, mut lent, mut without_lent) = (
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
         );
-        for ((o, m, h), (b, i)) in dedicated {
+        for ((o, m, h), d) in dedicated {
             owner.push(o);
             model.push(m);
             hour.push(h);
-            busy.push(b);
-            idle.push(i);
+            busy.push(d.busy);
+            idle.push(d.idle);
+            lent.push(d.lent);
+            without_lent.push(d.without_lent);
         }
         sqlx::query(
             "INSERT INTO dedicated_capacity_hourly AS d (owner_id, model, hour,
-                 busy_gpu_seconds, idle_gpu_seconds)
+                 busy_gpu_seconds, idle_gpu_seconds, lent_gpu_seconds, reports_without_lent)
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::timestamptz[], $4::numeric[],
-                 $5::numeric[])
+                 $5::numeric[], $6::numeric[], $7::integer[])
              ON CONFLICT (owner_id, model, hour) DO UPDATE SET
                  busy_gpu_seconds = d.busy_gpu_seconds + EXCLUDED.busy_gpu_seconds,
-                 idle_gpu_seconds = d.idle_gpu_seconds + EXCLUDED.idle_gpu_seconds",
+                 idle_gpu_seconds = d.idle_gpu_seconds + EXCLUDED.idle_gpu_seconds,
+                 lent_gpu_seconds = d.lent_gpu_seconds + EXCLUDED.lent_gpu_seconds,
+                 reports_without_lent = d.reports_without_lent + EXCLUDED.reports_without_lent",
         )
         .bind(owner)
         .bind(model)
         .bind(hour)
         .bind(busy)
         .bind(idle)
+        .bind(lent)
+        .bind(without_lent)
         .execute(&mut *conn)
         .await?;
     }
     Ok(())
+}
+
+/// One owner's dedicated replicas of a model in one hour, as reported.
+#[derive(Debug, Default)]
+struct Dedicated {
+    busy: Decimal,
+    idle: Decimal,
+    lent: Decimal,
+    /// v1 reports, which do not say what they lent.
+    without_lent: i32,
 }
 
 /// Adds counted events that ran on a dedicated replica to
@@ -294,6 +323,7 @@ struct ReportColumns<'a> {
     interval_end: Vec<DateTime<Utc>>,
     busy: Vec<Decimal>,
     idle: Vec<Decimal>,
+    lent: Vec<Option<Decimal>>,
     partition: Vec<i32>,
     offset: Vec<i64>,
 }
@@ -312,6 +342,7 @@ impl<'a> ReportColumns<'a> {
             interval_end: Vec::with_capacity(n),
             busy: Vec::with_capacity(n),
             idle: Vec::with_capacity(n),
+            lent: Vec::with_capacity(n),
             partition: Vec::with_capacity(n),
             offset: Vec::with_capacity(n),
         }
@@ -330,6 +361,7 @@ impl<'a> ReportColumns<'a> {
         self.interval_end.push(r.interval_end);
         self.busy.push(r.busy_gpu_seconds);
         self.idle.push(r.idle_gpu_seconds);
+        self.lent.push(r.lent_gpu_seconds);
         self.partition.push(c.partition);
         self.offset.push(c.offset);
     }

@@ -81,15 +81,23 @@ fn events(rng: &mut StdRng, n: usize, from: DateTime<Utc>, to: DateTime<Utc>) ->
         .collect()
 }
 
-/// One report per hour of a dedicated acme-corp replica and a shared one.
+/// One report per hour of a dedicated acme-corp replica and a shared one:
+/// every other hour from a v1 reporter (which does not say what it lent:
+/// that hour's lent time comes from the events), the others v2.
 fn reports(rng: &mut StdRng, from: DateTime<Utc>, hours: i64) -> Vec<ReplicaReport> {
     let mut out = Vec::new();
     for h in (0..hours).step_by(7) {
         let start = from + TimeDelta::hours(h);
+        let v2 = (h / 7) % 2 == 0;
         for (replica, owner) in [("dedicated-r0", Some("acme-corp")), ("shared-r7", None)] {
+            let busy = rng.random_range(0..7_200_000_000);
+            let lent = match owner {
+                Some(_) => rng.random_range(0..=busy),
+                None => 0,
+            };
             out.push(ReplicaReport {
                 record: "replica_report".into(),
-                report_version: 1,
+                report_version: if v2 { 2 } else { 1 },
                 report_id: ReplicaReport::id_for("gw-audit", replica, start),
                 replica_id: replica.into(),
                 model: "llama-3.1-70b".into(),
@@ -98,12 +106,34 @@ fn reports(rng: &mut StdRng, from: DateTime<Utc>, hours: i64) -> Vec<ReplicaRepo
                 gpus: 4,
                 interval_start: start,
                 interval_end: start + TimeDelta::seconds(3600),
-                busy_gpu_seconds: Decimal::new(rng.random_range(0..7_200_000_000), 6),
+                busy_gpu_seconds: Decimal::new(busy, 6),
                 idle_gpu_seconds: Decimal::new(rng.random_range(0..7_200_000_000), 6),
+                lent_gpu_seconds: v2.then(|| Decimal::new(lent, 6)),
             });
         }
     }
     out
+}
+
+/// A report of acme-corp's dedicated replica from a second reporter, for
+/// an hour already invoiced: it adds reserved GPU-hours after the fact.
+fn late_report(start: DateTime<Utc>) -> (String, Vec<u8>) {
+    let r = ReplicaReport {
+        record: "replica_report".into(),
+        report_version: 2,
+        report_id: ReplicaReport::id_for("gw-audit-late", "dedicated-r1", start),
+        replica_id: "dedicated-r1".into(),
+        model: "llama-3.1-70b".into(),
+        reporter_id: "gw-audit-late".into(),
+        dedicated_to: Some("acme-corp".into()),
+        gpus: 4,
+        interval_start: start,
+        interval_end: start + TimeDelta::seconds(3600),
+        busy_gpu_seconds: Decimal::ZERO,
+        idle_gpu_seconds: Decimal::new(14_400, 0),
+        lent_gpu_seconds: Some(Decimal::ZERO),
+    };
+    (r.replica_id.clone(), r.to_json())
 }
 
 fn messages(events: &[UsageEvent]) -> Vec<(String, Vec<u8>)> {
@@ -253,7 +283,9 @@ async fn the_audit_proves_every_invoice_from_the_archive_and_names_what_was_alte
         hour_in(first),
         hour_in(first) + TimeDelta::days(5),
     );
-    send(messages(&late_a), &mut produced).await;
+    let mut msgs = messages(&late_a);
+    msgs.push(late_report(hour_in(first) + TimeDelta::hours(1)));
+    send(msgs, &mut produced).await;
     let finalized_b = finalize_all(&api.url, &b).await;
     assert!(
         finalized_b
@@ -269,7 +301,9 @@ async fn the_audit_proves_every_invoice_from_the_archive_and_names_what_was_alte
         hour_in(second),
         hour_in(second) + TimeDelta::days(5),
     );
-    send(messages(&late_b), &mut produced).await;
+    let mut msgs = messages(&late_b);
+    msgs.push(late_report(hour_in(second) + TimeDelta::hours(1)));
+    send(msgs, &mut produced).await;
 
     for (month, kind) in [(&a, "finalized #"), (&b, "finalized #"), (&d, "draft")] {
         let run = audit(&stack, &archive_url, month);

@@ -466,16 +466,25 @@ async fn a_grace_period_waives_only_the_charges_above_budget_that_accrue_in_it()
 async fn a_dedicated_pool_is_billed_to_its_owner_once_and_lent_hours_to_the_borrower() {
     let b = start().await;
     let hour = utc(2026, 9, 10, 18);
+    let legacy = utc(2026, 9, 11, 18);
     // The owner (priority 3: $2.00 per GPU-hour) ran 6 GPU-hours at P1 on
-    // its dedicated replicas; api-co borrowed them for 4 GPU-hours; the
-    // replicas reported 10 busy and 30 idle GPU-hours.
+    // its dedicated replicas; api-co borrowed them for 4 GPU-hours, as the
+    // replicas reported (v2: 10 busy, of them 4 lent, and 30 idle), though
+    // its requests that *ended* there ran only 3 GPU-hours (one of its
+    // requests was preempted there after an hour and finished elsewhere).
     usage(&b.pool, "p1-team", 1, hour, 6).await;
     usage(&b.pool, "api-co", 3, hour, 4).await;
+    // An hour reported by a v1 reporter (which does not say what it lent):
+    // api-co ran 2 GPU-hours there, which its events say.
+    usage(&b.pool, "api-co", 3, legacy, 2).await;
     sqlx::query(
-        "INSERT INTO dedicated_capacity_hourly (owner_id, model, hour, busy_gpu_seconds, idle_gpu_seconds)
-         VALUES ('p1-team', 'llama-3.1-70b', $1, 36000, 108000)",
+        "INSERT INTO dedicated_capacity_hourly (owner_id, model, hour, busy_gpu_seconds,
+             idle_gpu_seconds, lent_gpu_seconds, reports_without_lent)
+         VALUES ('p1-team', 'llama-3.1-70b', $1, 36000, 108000, 14400, 0),
+                ('p1-team', 'llama-3.1-70b', $2, 7200, 0, 0, 1)",
     )
     .bind(hour)
+    .bind(legacy)
     .execute(&b.pool)
     .await
     .unwrap();
@@ -483,9 +492,11 @@ async fn a_dedicated_pool_is_billed_to_its_owner_once_and_lent_hours_to_the_borr
         "INSERT INTO dedicated_usage_hourly (owner_id, tenant_id, model, priority, hour, requests,
              prompt_tokens, cached_tokens, completion_tokens, gpu_seconds)
          VALUES ('p1-team', 'p1-team', 'llama-3.1-70b', 1, $1, 1, 1000, 200, 500, 21600),
-                ('p1-team', 'api-co', 'llama-3.1-70b', 3, $1, 1, 1000, 200, 500, 14400)",
+                ('p1-team', 'api-co', 'llama-3.1-70b', 3, $1, 1, 1000, 200, 500, 10800),
+                ('p1-team', 'api-co', 'llama-3.1-70b', 3, $2, 1, 1000, 200, 500, 7200)",
     )
     .bind(hour)
+    .bind(legacy)
     .execute(&b.pool)
     .await
     .unwrap();
@@ -500,15 +511,17 @@ async fn a_dedicated_pool_is_billed_to_its_owner_once_and_lent_hours_to_the_borr
     // Its usage is shown as always …
     assert_eq!(amounts("usage"), vec![Decimal::new(600, 2)]);
     assert_eq!(dec(&owner["subtotal"]), Decimal::new(600, 2));
-    // … the reservation is 40 GPU-hours whether used or not …
+    // … the reservation is 42 GPU-hours whether used or not …
     let reserved = lines_of(&owner, "reserved");
     assert_eq!(reserved.len(), 1);
-    assert_eq!(dec(&reserved[0]["quantity"]), Decimal::from(40));
-    assert_eq!(dec(&reserved[0]["amount"]), Decimal::new(8_000, 2));
-    // … less its own usage there (not charged twice) and the borrowed hours.
+    assert_eq!(dec(&reserved[0]["quantity"]), Decimal::from(42));
+    assert_eq!(dec(&reserved[0]["amount"]), Decimal::new(8_400, 2));
+    // … less its own usage there (not charged twice) and the borrowed
+    // hours: 4 as the v2 replicas counted them (not the 3 the events that
+    // ended there carry) and 2 of the v1 hour, from its events.
     assert_eq!(
         amounts("credit"),
-        vec![Decimal::new(-600, 2), Decimal::new(-800, 2)]
+        vec![Decimal::new(-600, 2), Decimal::new(-1_200, 2)]
     );
     assert_eq!(dec(&owner["reserved"]), Decimal::new(6_600, 2));
     let sum: Decimal = owner["lines"]
@@ -521,7 +534,7 @@ async fn a_dedicated_pool_is_billed_to_its_owner_once_and_lent_hours_to_the_borr
     assert_eq!(
         dec(&owner["total"]) - dec(&owner["overhead"]),
         Decimal::new(7_200, 2),
-        "6 used + 80 reserved - 6 covered - 8 lent"
+        "6 used + 84 reserved - 6 covered - 12 lent"
     );
     // The borrower pays for its usage as usual, and nothing reserved.
     let borrower = b.json("/v1/tenants/api-co/invoices/2026-09").await;
@@ -529,6 +542,91 @@ async fn a_dedicated_pool_is_billed_to_its_owner_once_and_lent_hours_to_the_borr
     assert!(lines_of(&borrower, "credit").is_empty());
     assert!(borrower.get("reserved").is_none_or(|r| dec(r).is_zero()));
     assert!(!lines_of(&borrower, "usage").is_empty());
+}
+
+#[tokio::test]
+async fn a_late_replica_report_and_late_usage_on_a_dedicated_pool_adjust_its_owner_once() {
+    let b = start().await;
+    let hour = utc(2026, 9, 10, 18);
+    // September: the owner (priority 3: $2.00 per GPU-hour) ran 6 GPU-hours
+    // at P1 ($1.00) on its 40 reported dedicated GPU-hours.
+    usage(&b.pool, "p1-team", 1, hour, 6).await;
+    dedicated(&b.pool, hour, 6, 40).await;
+    let september = b
+        .post("/v1/tenants/p1-team/invoices/2026-09/finalize")
+        .await;
+    assert_eq!(
+        dec(&september["reserved"]),
+        Decimal::new(7_400, 2),
+        "80 - 6"
+    );
+
+    // After it was finalized: a replica report for another September hour
+    // (4 idle GPU-hours on the dedicated replicas: $8.00 more reserved), and
+    // 2 GPU-hours more of the owner's own usage there ($2.00 of usage,
+    // covered by the reservation: nothing more to pay for it).
+    let later = utc(2026, 9, 11, 18);
+    dedicated(&b.pool, later, 0, 4).await;
+    usage(&b.pool, "p1-team", 1, later, 2).await;
+    dedicated(&b.pool, later, 2, 0).await;
+
+    let october = b.json("/v1/tenants/p1-team/invoices/2026-10").await;
+    let adj = lines_of(&october, "adjustment");
+    assert_eq!(adj.len(), 1, "{october}");
+    assert_eq!(adj[0]["adjusts"], "2026-09");
+    assert_eq!(
+        dec(&adj[0]["amount"]),
+        Decimal::new(800, 2),
+        "the late report's 4 reserved GPU-hours, and not the covered usage"
+    );
+    assert_eq!(
+        b.json("/v1/tenants/p1-team/invoices/2026-09").await,
+        september,
+        "a finalized invoice never changes"
+    );
+    // Once October carries it, November owes nothing more for September.
+    b.post("/v1/tenants/p1-team/invoices/2026-10/finalize")
+        .await;
+    let november = b.json("/v1/tenants/p1-team/invoices/2026-11").await;
+    assert!(lines_of(&november, "adjustment").is_empty(), "{november}");
+}
+
+/// What ingest adds for an owner's dedicated replicas in an hour: its own
+/// usage there (`own_gpu_hours`, as dedicated_usage_hourly) and the
+/// replicas' reported GPU-hours (`reported_gpu_hours`, as idle).
+async fn dedicated(
+    pool: &PgPool,
+    hour: DateTime<Utc>,
+    own_gpu_hours: i64,
+    reported_gpu_hours: i64,
+) {
+    if own_gpu_hours > 0 {
+        sqlx::query(
+            "INSERT INTO dedicated_usage_hourly (owner_id, tenant_id, model, priority, hour, requests,
+                 prompt_tokens, cached_tokens, completion_tokens, gpu_seconds)
+             VALUES ('p1-team', 'p1-team', 'llama-3.1-70b', 1, $1, 1, 1000, 200, 500, $2)
+             ON CONFLICT (owner_id, tenant_id, model, priority, hour) DO UPDATE SET
+                 gpu_seconds = dedicated_usage_hourly.gpu_seconds + EXCLUDED.gpu_seconds",
+        )
+        .bind(hour)
+        .bind(Decimal::from(own_gpu_hours * 3600))
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    if reported_gpu_hours > 0 {
+        sqlx::query(
+            "INSERT INTO dedicated_capacity_hourly (owner_id, model, hour, busy_gpu_seconds, idle_gpu_seconds)
+             VALUES ('p1-team', 'llama-3.1-70b', $1, 0, $2)
+             ON CONFLICT (owner_id, model, hour) DO UPDATE SET
+                 idle_gpu_seconds = dedicated_capacity_hourly.idle_gpu_seconds + EXCLUDED.idle_gpu_seconds",
+        )
+        .bind(hour)
+        .bind(Decimal::from(reported_gpu_hours * 3600))
+        .execute(pool)
+        .await
+        .unwrap();
+    }
 }
 
 #[tokio::test]

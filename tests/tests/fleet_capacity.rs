@@ -186,17 +186,41 @@ async fn replica_reports_and_dedicated_usage_reach_billing_exactly_once() {
     .await
     .unwrap();
     assert_eq!(by_tenant, expected);
+    // What the dedicated replica lent, as it counted it (report v2), is
+    // what the borrower's events billed there (nothing was preempted).
+    let lent_reported = decimal(
+        &stack,
+        "SELECT sum(lent_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner-co'",
+    )
+    .await;
+    let lent_billed = decimal(
+        &stack,
+        "SELECT sum(gpu_seconds) FROM request_log WHERE dedicated_to = 'owner-co' AND tenant_id <> 'owner-co'",
+    )
+    .await;
+    assert_eq!(
+        lent_reported, lent_billed,
+        "lent GPU-seconds, replica vs events"
+    );
+    assert_eq!(
+        stack
+            .count("SELECT count(*) FROM replica_reports WHERE lent_gpu_seconds IS NULL")
+            .await,
+        0,
+        "every report is v2 and says what it lent"
+    );
 
     // A re-sent report adds nothing; the same id with other figures is a
     // conflict dead letter, and counts nothing either.
     let (raw,): (String,) = sqlx::query_as(
         "SELECT json_build_object(
-             'record', 'replica_report', 'report_version', 1, 'report_id', report_id,
+             'record', 'replica_report', 'report_version', 2, 'report_id', report_id,
              'replica_id', replica_id, 'model', model, 'reporter_id', reporter_id,
              'gpus', gpus,
              'interval_start', to_char(interval_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
              'interval_end', to_char(interval_end AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
-             'busy_gpu_seconds', busy_gpu_seconds::text, 'idle_gpu_seconds', idle_gpu_seconds::text)::text
+             'busy_gpu_seconds', busy_gpu_seconds::text, 'idle_gpu_seconds', idle_gpu_seconds::text,
+             'lent_gpu_seconds', lent_gpu_seconds::text)::text
          FROM replica_reports WHERE dedicated_to IS NULL AND idle_gpu_seconds > 0 LIMIT 1",
     )
     .fetch_one(&stack.pool)

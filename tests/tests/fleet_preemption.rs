@@ -7,6 +7,12 @@
 //! request ends with exactly one usage event; the preempted one carries
 //! its lost GPU time as `preempted_gpu_seconds` and its preemption count;
 //! the replica's reported busy GPU time equals the GPU time billed.
+//!
+//! And an owner taking back its dedicated replica: its request, waiting
+//! for room, preempts the lent work there (whatever the borrower's
+//! priority), the replica is not lent again meanwhile, and the owner's lent
+//! credit is what the replica counted — the lost attempt included, which
+//! the borrower's event (it finished on the shared replica) cannot place.
 
 use std::time::{Duration, Instant};
 
@@ -230,4 +236,277 @@ async fn a_waiting_priority_5_request_preempts_the_lowest_and_the_victim_still_g
         "attributed + wasted = busy GPU-seconds, exactly"
     );
     drop(ingest);
+}
+
+const OWNER: &str = "sk-test-preempt-owner";
+const BORROWER: &str = "sk-test-preempt-borrower";
+
+/// Two replicas of [`TINY`]'s size; the first is dedicated to `owner`.
+const TINY_DEDICATED: &str = "profiles:
+  - name: tiny
+    version: tiny-1
+    gpus: 1
+    replicas: 2
+    dedicated: { owner: 1 }
+    weight_bytes: 2500000000
+    flops_per_token: 1000000000
+    kv_bytes_per_token: 1024
+    kv_budget_bytes: 2097152
+    hbm_bytes_per_second: 10000000000
+    bandwidth_efficiency_percent: 100
+    flops_per_second: 100000000000000
+    max_context: 1024
+";
+
+/// A seed whose simulated answer runs to `max_tokens` (40) for any prompt
+/// length in `lengths` (the gateway's chat flattening adds a few tokens).
+fn seed_for(lengths: std::ops::RangeInclusive<u64>) -> u64 {
+    (0..100_000)
+        .find(|&s| {
+            lengths
+                .clone()
+                .all(|pt| engine::simulator::natural_output_tokens(s, pt) >= 40)
+        })
+        .expect("a seed for a long answer")
+}
+
+/// The per-replica gauge `name` of model `tiny`, by replica id.
+fn per_replica(m: &str, name: &str) -> std::collections::BTreeMap<String, f64> {
+    m.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains("model_name=\"tiny\""))
+        .filter_map(|l| {
+            let replica = l.split("replica=\"").nth(1)?.split('"').next()?.to_owned();
+            Some((replica, l.rsplit(' ').next()?.parse::<f64>().ok()?))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_takes_its_lent_replica_back_and_the_lent_time_is_credited_as_the_replica_counted_it(
+) {
+    let stack = TestStack::new("ownerpreempt").await;
+    // The owner is priority 2 (best effort: admitted below 60% of a
+    // replica's KV): it preempts nothing but what it lent. The borrower is
+    // priority 4, above it: lent work goes first all the same.
+    for (tenant, key, priority) in [("owner", OWNER, 2), ("borrower", BORROWER, 4)] {
+        seed_tenant(&stack, tenant, key, generous()).await;
+        sqlx::query("UPDATE tenants SET priority = $2 WHERE tenant_id = $1")
+            .bind(tenant)
+            .bind(priority)
+            .execute(&stack.pool)
+            .await
+            .unwrap();
+    }
+    // The owner's TTFT objective is 10 s: its wait budget; it preempts at 5 s.
+    sqlx::query("UPDATE tenants SET slo_ttft_p95_ms = 10000, slo_e2e_p95_ms = 600000 WHERE tenant_id = 'owner'")
+        .execute(&stack.pool)
+        .await
+        .unwrap();
+    let profiles = stack.dir.path().join("tiny.yaml");
+    std::fs::write(&profiles, TINY_DEDICATED).unwrap();
+    let (mut gateway, url) = start_gateway_with(
+        &stack,
+        1,
+        &[
+            ("ENGINE_PROFILES", profiles.display().to_string()),
+            ("GATEWAY_QUEUE", "on".into()),
+            ("GATEWAY_REPLICA_REPORT_SECS", "1".into()),
+            ("GATEWAY_REQUEST_TIMEOUT_SECS", "120".into()),
+        ],
+    )
+    .await;
+    let ingest = start_ingest(&stack);
+    let client = reqwest::Client::new();
+    let chat = format!("{url}/v1/chat/completions");
+    let seed = seed_for(1..=40);
+    let borrow_seed = seed_for(600..=700);
+    let send = |key: &'static str, body: Value| {
+        let (client, chat) = (client.clone(), chat.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let res = client
+                .post(&chat)
+                .bearer_auth(key)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = res.status().as_u16();
+            let text = res.text().await.unwrap();
+            (status, started.elapsed(), text)
+        })
+    };
+    // The owner is idle: its replica is lent. The borrower's four requests
+    // (~40 of a replica's 128 blocks each, ~10 s) run two on each replica:
+    // both past best effort's 60%.
+    let mut fill = Vec::new();
+    for i in 0..4 {
+        let body = json!({
+            "model": "tiny",
+            "messages": [{"role": "user", "content": format!("borrow {i}:{}", " hello".repeat(620))}],
+            "max_tokens": 40,
+            "seed": borrow_seed,
+        });
+        fill.push(send(BORROWER, body));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = tests::gateway::metrics(&url).await;
+        let running = per_replica(&m, "vllm:num_requests_running");
+        let waiting = per_replica(&m, "vllm:num_requests_waiting");
+        let runs = |r: &str| running.get(r).copied().unwrap_or(0.0);
+        if runs("tiny-r0") == 2.0 && runs("tiny-r1") == 2.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replicas never filled ({running:?} running, {waiting:?} waiting):\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The owner comes back: no replica admits it, so it waits; at half its
+    // budget it takes its replica back (the borrower's request there that
+    // lost least), and nobody else may start there meanwhile.
+    let owner = send(
+        OWNER,
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "mine"}], "max_tokens": 40, "seed": seed}),
+    );
+    let (status, took, text) = owner.await.unwrap();
+    assert_eq!(status, 200, "{text}\n{}", gateway.log_tail());
+    assert!(
+        took >= Duration::from_millis(4_900),
+        "it waited for the preemption point (5 s) first: {took:?}"
+    );
+    let m = tests::gateway::metrics(&url).await;
+    let preemptions: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("preemptions_total{"))
+        .collect();
+    assert_eq!(preemptions.len(), 1, "{m}");
+    assert!(
+        preemptions[0].contains("preempted_tenant=\"borrower\"")
+            && preemptions[0].contains("preempting_tenant=\"owner\"")
+            && preemptions[0].ends_with(" 1"),
+        "{preemptions:?}"
+    );
+    // Delay, not failure: every borrowed request gets its answer.
+    for f in fill {
+        let (status, _, text) = f.await.unwrap();
+        assert_eq!(status, 200, "{}", &text[..text.len().min(300)]);
+    }
+    assert!(gateway.terminate(Duration::from_secs(30)).await.is_some());
+    wait_for_log(&stack, "borrower", 4, &[&gateway, &ingest]).await;
+    wait_for_log(&stack, "owner", 1, &[&gateway, &ingest]).await;
+
+    // The owner ran on its own replica; the victim was the borrower's work
+    // there, and it finished on the shared replica (the owner's replica
+    // was not lent again while the owner waited or ran), so its event
+    // cannot say that part of its GPU time was spent on the owner's
+    // replica.
+    let (replica, dedicated_to): (String, Option<String>) = sqlx::query_as(
+        "SELECT replica_id, dedicated_to FROM request_log WHERE tenant_id = 'owner'",
+    )
+    .fetch_one(&stack.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (replica.as_str(), dedicated_to.as_deref()),
+        ("tiny-r0", Some("owner"))
+    );
+    let victims: Vec<(String, Decimal, Decimal)> = sqlx::query_as(
+        "SELECT replica_id, gpu_seconds, preempted_gpu_seconds FROM request_log
+         WHERE tenant_id = 'borrower' AND preemptions > 0",
+    )
+    .fetch_all(&stack.pool)
+    .await
+    .unwrap();
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    let (victim_replica, _, lost) = &victims[0];
+    assert!(*lost > Decimal::ZERO, "{victims:?}");
+    assert_eq!(victim_replica, "tiny-r1", "{victims:?}");
+
+    // Wait for the last replica reports (the graceful stop wrote them).
+    let billed = decimal(&stack, "SELECT sum(gpu_seconds) FROM request_log").await;
+    let mut busy = Decimal::ZERO;
+    for _ in 0..120 {
+        busy = decimal(&stack, "SELECT sum(busy_gpu_seconds) FROM replica_reports").await;
+        if busy == billed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(
+        busy, billed,
+        "attributed + wasted = busy GPU-seconds, exactly"
+    );
+    // The owner's replica: its busy time is the owner's own usage there
+    // plus what it lent — the lost attempt included, which the events that
+    // ended there do not hold.
+    let r0_busy = decimal(
+        &stack,
+        "SELECT sum(busy_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner'",
+    )
+    .await;
+    let lent = decimal(
+        &stack,
+        "SELECT sum(lent_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner'",
+    )
+    .await;
+    let own = decimal(
+        &stack,
+        "SELECT sum(gpu_seconds) FROM request_log WHERE replica_id = 'tiny-r0' AND tenant_id = 'owner'",
+    )
+    .await;
+    let ended_there = decimal(
+        &stack,
+        "SELECT sum(gpu_seconds) FROM request_log WHERE dedicated_to = 'owner' AND tenant_id <> 'owner'",
+    )
+    .await;
+    assert_eq!(
+        r0_busy,
+        own + lent,
+        "the owner's replica: own + lent = busy"
+    );
+    assert!(
+        lent > ended_there,
+        "the lost attempt ran on the owner's replica: lent {lent} vs {ended_there} by the events"
+    );
+
+    // The owner's invoice credits what the replica lent (priority 3: $2.00
+    // per GPU-hour), so the borrower's lost GPU time there, billed to the
+    // borrower, is not also charged to the owner.
+    let finance = "finance-token-for-owner-preemption";
+    let billing = tests::billing::start_billing_api(&stack.database_url, finance).await;
+    let month = chrono::Utc::now().format("%Y-%m").to_string();
+    let invoice: Value = client
+        .get(format!("{}/v1/tenants/owner/invoices/{month}", billing.url))
+        .bearer_auth(finance)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let lent_line: Vec<&Value> = invoice["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| {
+            l["kind"] == "credit"
+                && l["description"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("lent to other tenants"))
+        })
+        .collect();
+    assert_eq!(lent_line.len(), 1, "{invoice}");
+    let hours: Decimal = lent_line[0]["quantity"].as_str().unwrap().parse().unwrap();
+    assert_eq!(hours, (lent / Decimal::from(3600)).round_dp(6), "{invoice}");
+    drop(billing);
+    drop(ingest);
+}
+
+async fn decimal(stack: &TestStack, sql: &str) -> Decimal {
+    let (d,): (Option<Decimal>,) = sqlx::query_as(sql).fetch_one(&stack.pool).await.unwrap();
+    d.unwrap_or_default()
 }

@@ -12,6 +12,16 @@
 //! one hour. Its busy GPU-seconds equal the GPU time the replica attributed
 //! to requests over the interval (their `gpu_seconds`, preempted work
 //! included); busy + idle is the replica's whole GPU time over it.
+//!
+//! Version 2 adds `lent_gpu_seconds`: of the busy time, what a dedicated
+//! replica ran for tenants other than its owner (0 on a shared replica),
+//! as the replica counted it. The owner's credit for lending is measured
+//! here rather than from the usage events, because an event names only the
+//! replica its request *ended* on: a request preempted on a lent replica
+//! and finished elsewhere spent part of its GPU time on the owner's
+//! replica that its event cannot place. Version 1 reports (no
+//! `lent_gpu_seconds`) stay valid; for their hours billing takes the lent
+//! time from the events, as before.
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use rust_decimal::Decimal;
@@ -23,8 +33,8 @@ use crate::validate::{Violation, MAX_FUTURE};
 /// The `record` tag that marks a replica report on the topic.
 pub const RECORD_KIND: &str = "replica_report";
 
-/// The version of the report's own fields.
-pub const REPORT_VERSION: u32 = 1;
+/// The version of the report's own fields (1 is still read).
+pub const REPORT_VERSION: u32 = 2;
 
 /// One replica's GPU time over `[interval_start, interval_end)`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +64,15 @@ pub struct ReplicaReport {
     /// GPU time with nothing to run, a decimal string.
     #[serde(with = "rust_decimal::serde::str")]
     pub idle_gpu_seconds: Decimal,
+    /// Version 2: of `busy_gpu_seconds`, what ran for tenants other than
+    /// `dedicated_to` (`"0"` on a shared replica), a decimal string.
+    /// Absent in version 1.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "rust_decimal::serde::str_option"
+    )]
+    pub lent_gpu_seconds: Option<Decimal>,
 }
 
 impl ReplicaReport {
@@ -80,8 +99,15 @@ impl ReplicaReport {
                 self.record
             )));
         }
-        if self.report_version != REPORT_VERSION {
-            return Err(Violation::UnknownSchemaVersion(self.report_version.into()));
+        match (self.report_version, self.lent_gpu_seconds) {
+            (1, None) | (2, Some(_)) => {}
+            (1, Some(_)) => {
+                return Err(Violation::InvalidField(
+                    "lent_gpu_seconds is a version 2 field; report_version is 1".into(),
+                ))
+            }
+            (2, None) => return Err(Violation::MissingField("lent_gpu_seconds".into())),
+            (v, _) => return Err(Violation::UnknownSchemaVersion(v.into())),
         }
         for (field, value) in [
             ("report_id", Some(&self.report_id)),
@@ -124,9 +150,11 @@ impl ReplicaReport {
                 at: self.interval_end.to_rfc3339(),
             });
         }
+        let lent = self.lent_gpu_seconds.unwrap_or_default();
         for (field, value) in [
             ("busy_gpu_seconds", self.busy_gpu_seconds),
             ("idle_gpu_seconds", self.idle_gpu_seconds),
+            ("lent_gpu_seconds", lent),
         ] {
             if value.is_sign_negative() && !value.is_zero() {
                 return Err(Violation::NegativeCount {
@@ -146,6 +174,17 @@ impl ReplicaReport {
                     limit: (u64::from(self.gpus) * 3600 * 10_000).to_string(),
                 });
             }
+        }
+        if lent > self.busy_gpu_seconds {
+            return Err(Violation::InvalidField(format!(
+                "lent_gpu_seconds {lent} exceeds busy_gpu_seconds {}",
+                self.busy_gpu_seconds
+            )));
+        }
+        if self.dedicated_to.is_none() && !lent.is_zero() {
+            return Err(Violation::InvalidField(
+                "lent_gpu_seconds is not 0 on a shared replica (no dedicated_to)".into(),
+            ));
         }
         Ok(())
     }
@@ -175,6 +214,7 @@ mod tests {
             interval_end: start + TimeDelta::seconds(60),
             busy_gpu_seconds: Decimal::new(180_500_000, 6),
             idle_gpu_seconds: Decimal::new(59_500_000, 6),
+            lent_gpu_seconds: Some(Decimal::new(20_000_000, 6)),
         }
     }
 
@@ -205,5 +245,36 @@ mod tests {
         let mut r = report();
         r.idle_gpu_seconds = Decimal::new(-1, 6);
         assert_eq!(r.validate(Utc::now()).unwrap_err().code(), "negative_count");
+    }
+
+    #[test]
+    fn lent_time_is_a_version_2_field_within_the_busy_time_of_a_dedicated_replica() {
+        let mut r = report();
+        r.lent_gpu_seconds = Some(r.busy_gpu_seconds);
+        assert_eq!(r.validate(Utc::now()), Ok(()));
+        r.lent_gpu_seconds = Some(r.busy_gpu_seconds + Decimal::new(1, 6));
+        let e = r.validate(Utc::now()).unwrap_err();
+        assert!(e.to_string().contains("exceeds busy_gpu_seconds"), "{e}");
+        // Version 2 carries it; version 1 does not, and is still valid.
+        r.lent_gpu_seconds = None;
+        assert_eq!(r.validate(Utc::now()).unwrap_err().code(), "missing_field");
+        r.report_version = 1;
+        assert_eq!(r.validate(Utc::now()), Ok(()));
+        r.lent_gpu_seconds = Some(Decimal::ZERO);
+        assert_eq!(r.validate(Utc::now()).unwrap_err().code(), "invalid_field");
+        // A shared replica lends nothing.
+        let mut r = report();
+        r.dedicated_to = None;
+        assert_eq!(r.validate(Utc::now()).unwrap_err().code(), "invalid_field");
+        r.lent_gpu_seconds = Some(Decimal::ZERO);
+        assert_eq!(r.validate(Utc::now()), Ok(()));
+        // It travels as a decimal string, and a v1 report has no such key.
+        let json = String::from_utf8(report().to_json()).unwrap();
+        assert!(json.contains(r#""lent_gpu_seconds":"20.000000""#), "{json}");
+        let mut v1 = report();
+        v1.report_version = 1;
+        v1.lent_gpu_seconds = None;
+        let json = String::from_utf8(v1.to_json()).unwrap();
+        assert!(!json.contains("lent"), "{json}");
     }
 }

@@ -106,7 +106,6 @@ fn routing(ops: u64) -> (f64, f64) {
         tenant: "acme-corp",
         kv: 50 << 20,
         threshold_percent: 92,
-        owner_waiting: false,
     };
     let started = Instant::now();
     for i in 0..ops {

@@ -615,7 +615,7 @@ mod tests {
                 overhead(dec!(1394.38)),
                 money_line(
                     LineKind::Adjustment,
-                    "usage for 2026-08 that arrived after its invoice was finalized",
+                    "charges for 2026-08 that changed after its invoice was finalized (late usage or replica reports)",
                     dec!(2.00),
                     Some("2026-08"),
                 ),

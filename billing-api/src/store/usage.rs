@@ -72,7 +72,8 @@ pub async fn groups(
 /// Each owner's dedicated pools in its own window, from the replica reports
 /// and the usage that ran on them: per model, the replicas' GPU-seconds
 /// (busy and idle), the owner's own usage there in rating groups (an hour
-/// in `off_peak` is off-peak), and the GPU-seconds other tenants ran there.
+/// in `off_peak` is off-peak), and the GPU-seconds other tenants ran there
+/// (as the replicas reported it; see [`usage_contract::ReplicaReport`]).
 pub async fn reservations(
     conn: &mut PgConnection,
     windows: &[Window],
@@ -96,9 +97,20 @@ pub async fn reservations(
     .bind(&ends)
     .fetch_all(&mut *conn)
     .await?;
+    // Lent time as the replicas counted it (reports v2); an hour holding a
+    // v1 report, which does not say, takes it from the events that ended
+    // on the replicas, as before v2.
     let lent: Vec<(String, String, Decimal)> = sqlx::query_as(&format!(
-        "SELECT d.owner_id, d.model, sum(d.gpu_seconds)
-         FROM dedicated_usage_hourly d {WINDOWS} WHERE d.tenant_id <> d.owner_id GROUP BY 1, 2"
+        "SELECT owner_id, model, sum(lent) FROM (
+             SELECT d.owner_id, d.model, d.lent_gpu_seconds AS lent
+             FROM dedicated_capacity_hourly d {WINDOWS} WHERE d.reports_without_lent = 0
+             UNION ALL
+             SELECT d.owner_id, d.model, d.gpu_seconds
+             FROM dedicated_usage_hourly d {WINDOWS}
+             JOIN dedicated_capacity_hourly c
+               ON c.owner_id = d.owner_id AND c.model = d.model AND c.hour = d.hour
+             WHERE d.tenant_id <> d.owner_id AND c.reports_without_lent > 0
+         ) l GROUP BY 1, 2"
     ))
     .bind(&ids)
     .bind(&starts)

@@ -80,7 +80,11 @@ struct Reserved {
     busy: Decimal,
     idle: Decimal,
     own_usage_gpu_seconds: Decimal,
+    /// What the dedicated replicas ran for others, as they counted it
+    /// (what the replica reports carry to billing).
     lent_gpu_seconds: Decimal,
+    /// The GPU time of others' requests that *ended* there (their events).
+    lent_by_events: Decimal,
     /// The reserved line, the credit for its own usage, the credit for lending.
     lines: Vec<billing_api::rating::Line>,
 }
@@ -168,6 +172,7 @@ impl Replay {
         // replica reports would carry to billing).
         let (mut busy, mut idle, mut shared_idle) = (0u64, 0u64, 0u64);
         let (mut reserved_busy, mut reserved_idle, mut dedicated) = (0u64, 0u64, 0usize);
+        let mut reserved_lent = 0u64;
         for r in gw.simulator.gpu_time().await {
             busy += r.time.busy_gpu_micros;
             idle += r.time.idle_gpu_micros;
@@ -176,6 +181,7 @@ impl Replay {
                     dedicated += 1;
                     reserved_busy += r.time.busy_gpu_micros;
                     reserved_idle += r.time.idle_gpu_micros;
+                    reserved_lent += r.time.lent_gpu_micros;
                 }
                 _ => shared_idle += r.time.idle_gpu_micros,
             }
@@ -192,14 +198,15 @@ impl Replay {
                 model: crate::gateway::MODEL.to_owned(),
                 reserved_gpu_seconds: gpu_seconds(reserved_busy + reserved_idle),
                 own_usage: own_usage.clone(),
-                lent_gpu_seconds: lent,
+                lent_gpu_seconds: gpu_seconds(reserved_lent),
             };
             Some(Reserved {
                 replicas: dedicated,
                 busy: gpu_seconds(reserved_busy),
                 idle: gpu_seconds(reserved_idle),
                 own_usage_gpu_seconds: own_usage.iter().map(|g| g.gpu_seconds).sum(),
-                lent_gpu_seconds: lent,
+                lent_gpu_seconds: gpu_seconds(reserved_lent),
+                lent_by_events: lent,
                 lines: billing_api::rating::reserved_lines(
                     &[reservation],
                     &book,
@@ -372,12 +379,13 @@ impl Replay {
                     .collect();
                 let net: Decimal = r.lines.iter().map(|l| l.amount).sum();
                 say!(
-                    "  reserved line: acme-corp's {} dedicated replicas, {} GPU-s busy + {} idle; its own usage there {} GPU-s, lent {} GPU-s; at P5 peak rates: {}; net ${}",
+                    "  reserved line: acme-corp's {} dedicated replicas, {} GPU-s busy + {} idle; its own usage there {} GPU-s, lent {} GPU-s (events that ended there: {}); at P5 peak rates: {}; net ${}",
                     r.replicas,
                     r.busy,
                     r.idle,
                     r.own_usage_gpu_seconds,
                     r.lent_gpu_seconds,
+                    r.lent_by_events,
                     amounts.join("; "),
                     net
                 );
