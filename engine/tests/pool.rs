@@ -165,3 +165,75 @@ async fn a_dedicated_replica_is_its_owners_while_it_runs_there_and_lent_when_idl
     }
     assert!(lent > 0, "an idle owner's replicas are lent");
 }
+
+#[tokio::test]
+async fn an_owner_waiting_for_room_keeps_its_replicas_from_being_lent() {
+    let mut profiles = ModelProfile::reference();
+    ModelProfile::set_replicas(&mut profiles, &format!("{MODEL}=2")).unwrap();
+    ModelProfile::set_dedicated(&mut profiles, &format!("{MODEL}:acme=1")).unwrap();
+    let sim = Simulator::new(profiles, 1);
+    let owned = format!("{MODEL}-r0");
+    let as_tenant = |tenant: &str, n: u64| CompletionRequest {
+        tenant_id: tenant.into(),
+        ..req(n)
+    };
+    assert!(
+        sim.owner_waiting(MODEL, "codegen").is_none(),
+        "a tenant owning no replica of the model has nothing to hold"
+    );
+    // The owner has a request waiting in the gateway's queue: nobody else
+    // starts on its idle replica.
+    let waiting = sim.owner_waiting(MODEL, "acme").unwrap();
+    let mut others = Vec::new();
+    for n in 0..20 {
+        let g = sim.start(&as_tenant("codegen", n), false).await.unwrap();
+        assert_ne!(g.replica_id(), owned);
+        others.push(g);
+    }
+    // It is placed (or gives up): the replica, emptier, is lent again.
+    drop(waiting);
+    let mut lent = 0;
+    for n in 20..30 {
+        let g = sim.start(&as_tenant("codegen", n), false).await.unwrap();
+        lent += u32::from(g.replica_id() == owned);
+        others.push(g);
+    }
+    assert!(lent > 0, "lent again once the owner stopped waiting");
+}
+
+#[tokio::test]
+async fn a_dedicated_replica_counts_what_it_lent_every_attempt_included() {
+    let mut profiles = ModelProfile::reference();
+    ModelProfile::set_replicas(&mut profiles, &format!("{MODEL}=1")).unwrap();
+    ModelProfile::set_dedicated(&mut profiles, &format!("{MODEL}:acme=1")).unwrap();
+    let sim = Simulator::new(profiles, 20);
+    let as_tenant = |tenant: &str, n: u64| CompletionRequest {
+        tenant_id: tenant.into(),
+        ..req(n)
+    };
+    // A borrower's attempt cut short (as a preemption does), a borrower's
+    // request run to the end, and the owner's own.
+    let cut = sim.start(&as_tenant("codegen", 1), false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let lost = cut.cancel().await.unwrap().gpu_seconds;
+    let borrowed = sim.complete(&as_tenant("codegen", 2)).await.unwrap();
+    let own = sim.complete(&as_tenant("acme", 3)).await.unwrap();
+    assert!(lost > Decimal::ZERO);
+    let mut time = sim.gpu_time().await;
+    time.retain(|r| r.model == MODEL);
+    assert_eq!(time.len(), 1);
+    let micros = |d: Decimal| {
+        use rust_decimal::prelude::ToPrimitive;
+        (d * Decimal::from(1_000_000)).to_u64().unwrap()
+    };
+    assert_eq!(
+        time[0].time.lent_gpu_micros,
+        micros(lost + borrowed.gpu_seconds),
+        "lent = every borrower attempt's GPU time"
+    );
+    assert_eq!(
+        time[0].time.busy_gpu_micros,
+        micros(lost + borrowed.gpu_seconds + own.gpu_seconds),
+        "busy = lent + the owner's own"
+    );
+}

@@ -186,9 +186,10 @@ pub fn rate(
                     off_peak: Some(true),
                     unit: "-".into(),
                     quantity: Decimal::ONE,
-                    unit_price: -cents(discounted * pct / Decimal::ONE_HUNDRED),
+                    // Never "-0.00": a discount that rounds to nothing is 0.00.
+                    unit_price: Decimal::ZERO - cents(discounted * pct / Decimal::ONE_HUNDRED),
                     per: 1,
-                    amount: -cents(discounted * pct / Decimal::ONE_HUNDRED),
+                    amount: Decimal::ZERO - cents(discounted * pct / Decimal::ONE_HUNDRED),
                     adjusts: None,
                 });
             }
@@ -289,6 +290,21 @@ mod tests {
         assert_eq!(lines[1].kind, LineKind::Discount);
         assert_eq!(lines[1].amount, dec!(-60.00));
         assert_eq!(total(&lines), dec!(140.00));
+    }
+
+    #[test]
+    fn a_discount_that_rounds_to_nothing_reads_0_00_not_minus_0_00() {
+        // 18 GPU-seconds at P3 ($2.00/h) = $0.01; 30% of it rounds to 0.00.
+        let lines = rate(
+            &[gpu_group(3, dec!(18), true)],
+            &book(),
+            BillingMode::PerGpuSecond,
+        )
+        .unwrap();
+        assert_eq!(lines[0].amount, dec!(0.01));
+        assert_eq!(lines[1].kind, LineKind::Discount);
+        assert_eq!(lines[1].amount.to_string(), "0.00");
+        assert_eq!(lines[1].unit_price.to_string(), "0.00");
     }
 
     #[test]

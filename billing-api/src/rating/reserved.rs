@@ -104,7 +104,8 @@ pub fn reserved_lines(
                 quantity: hours(r.lent_gpu_seconds),
                 unit_price: -rate_per_hour,
                 per: 1,
-                amount: -money(r.lent_gpu_seconds),
+                // Never "-0.00": a credit that rounds to nothing is 0.00.
+                amount: Decimal::ZERO - money(r.lent_gpu_seconds),
                 adjusts: None,
             });
         }
@@ -133,6 +134,20 @@ mod tests {
             completion_tokens: completion,
             gpu_seconds,
         }
+    }
+
+    #[test]
+    fn a_lent_credit_that_rounds_to_nothing_reads_0_00_not_minus_0_00() {
+        let r = Reservation {
+            model: "llama-3.1-70b".into(),
+            reserved_gpu_seconds: dec!(20),
+            own_usage: Vec::new(),
+            lent_gpu_seconds: dec!(6.7),
+        };
+        let lines = reserved_lines(&[r], &book(), BillingMode::PerGpuSecond, 2).unwrap();
+        let lent = lines.iter().find(|l| l.kind == LineKind::Credit).unwrap();
+        assert_eq!(lent.amount.to_string(), "0.00");
+        assert_eq!(lent.quantity, dec!(0.001861));
     }
 
     #[test]
