@@ -13,9 +13,11 @@
 //!   tenant), each at 50% of its rate; given back a level a second once
 //!   its pressure is under 60%.
 //!
-//! The shares apply to the tenant requests/s bucket only (a tenant without
-//! `rateLimit` is not slowed), on this gateway: every gateway computes its
-//! own from what it sees.
+//! The shares apply to the tenant requests/s bucket (a tenant without
+//! `rateLimit` has no rate to scale and is not slowed), except that a
+//! level at 0% — priority 1 while saturated — is refused whatever its
+//! limits; on this gateway: every gateway computes its own from what it
+//! sees.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -581,10 +581,13 @@ impl Limiter {
         ask: Ask<'_>,
         at: Option<Instant>,
     ) -> Result<Permit, Rejected> {
+        // A level at 0% (priority 1 while the pool is saturated) is refused
+        // outright, rate limit or not: the other levels' shares scale a
+        // tenant's requests/s, which a tenant without one does not have.
         let degraded = self
             .ladder
             .as_ref()
-            .filter(|l| caller.rate.is_some() && l.percent(caller.priority) == 0);
+            .filter(|l| l.percent(caller.priority) == 0);
         if degraded.is_some() {
             return Err(Rejected {
                 limit: LimitKind::Degraded,
@@ -1161,6 +1164,36 @@ mod tests {
             rate: None,
             limits: Arc::new(HashMap::from([("*".to_owned(), limits)])),
         }
+    }
+
+    #[tokio::test]
+    async fn a_saturated_pool_refuses_priority_1_with_or_without_a_rate_limit() {
+        let ladder = crate::ladder::Ladder::new();
+        let l = Limiter::default().with_ladder(ladder.clone());
+        let low = |rate: Option<RequestRate>| Caller {
+            priority: 1,
+            rate,
+            ..caller(None, None, None)
+        };
+        let limited = low(Some(RequestRate {
+            per_second: 100,
+            burst: 10,
+        }));
+        let t0 = Instant::now();
+        drop(admit(&l, &low(None), "m", 10, t0).await.unwrap());
+        // Every replica past 60% with standard work waiting: saturated.
+        let windows = fleet::slo::Windows::default();
+        ladder.evaluate(&[("m".into(), vec![0.9, 0.95], 3)], &windows, t0);
+        assert_eq!(ladder.percent(1), 0);
+        for c in [low(None), limited] {
+            let r = admit(&l, &c, "m", 10, t0).await.unwrap_err();
+            assert_eq!(r.limit, LimitKind::Degraded, "{:?}", c.rate);
+        }
+        // Priority 3 without a rate limit is not slowed (nothing to scale).
+        assert!(admit(&l, &caller(None, None, None), "m", 10, t0).await.is_ok());
+        // The queue empties: priority 1 is back.
+        ladder.evaluate(&[("m".into(), vec![0.9, 0.95], 0)], &windows, t0);
+        drop(admit(&l, &low(None), "m", 10, t0).await.unwrap());
     }
 
     #[tokio::test]
