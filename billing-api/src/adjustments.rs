@@ -63,7 +63,9 @@ pub async fn lines(
         if let std::collections::btree_map::Entry::Vacant(slot) = books.entry(q) {
             slot.insert(store::price_books::in_effect(conn, q.first_day()).await?);
         }
-        let charges = grace::budgeted(&crate::rated::charge_lines(conn, &books[&q], q, t).await?);
+        let (start, end) = q.bounds(t.time_zone);
+        let lines = crate::rated::charge_lines(conn, &books[&q], t, start, end).await?;
+        let charges = grace::budgeted(&lines);
         let now = charges - grace::waived_now(conn, t, q).await?;
         let delta = now
             - billed

@@ -31,7 +31,7 @@ use sqlx::PgConnection;
 
 use crate::error::BillingError;
 use crate::period::{local_midnight, Month};
-use crate::rating::{reserved_lines, Line, LineKind, PriceBook};
+use crate::rating::{Line, LineKind, PriceBook};
 use crate::store;
 use crate::tenant::Tenant;
 
@@ -194,23 +194,7 @@ async fn charges_until(
     start: DateTime<Utc>,
     until: DateTime<Utc>,
 ) -> Result<Decimal, BillingError> {
-    let window = [(tenant.tenant_id.clone(), start, until)];
-    let groups = crate::rated::usage_groups(conn, book, &window)
-        .await?
-        .remove(&tenant.tenant_id)
-        .unwrap_or_default();
-    let mut lines = crate::rating::rate(&groups, book, tenant.billing_mode)?;
-    if let Some(pools) = crate::rated::reservations(conn, book, &window)
-        .await?
-        .remove(&tenant.tenant_id)
-    {
-        lines.extend(reserved_lines(
-            &pools,
-            book,
-            tenant.billing_mode,
-            tenant.priority,
-        )?);
-    }
+    let lines = crate::rated::charge_lines(conn, book, tenant, start, until).await?;
     Ok(budgeted(&lines))
 }
 

@@ -6,10 +6,10 @@
 
 use std::collections::HashMap;
 
+use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use crate::error::BillingError;
-use crate::period::Month;
 use crate::rating::{rate, reserved_lines, Line, PriceBook, UsageGroup};
 use crate::store::{self, usage::Window};
 use crate::tenant::Tenant;
@@ -47,16 +47,17 @@ pub async fn reservations(
     store::usage::reservations(conn, windows, &off_peak).await
 }
 
-/// Rates one tenant's `month` as it stands now (for adjustments): its
-/// usage lines, then its reserved-capacity lines and their credits.
+/// Rates one tenant's `[start, end)` as it stands now (adjustments, the
+/// grace waiver): its usage lines, then its reserved-capacity lines and
+/// their credits.
 pub async fn charge_lines(
     conn: &mut PgConnection,
     book: &PriceBook,
-    month: Month,
     tenant: &Tenant,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
 ) -> Result<Vec<Line>, BillingError> {
-    let (s, e) = month.bounds(tenant.time_zone);
-    let window = [(tenant.tenant_id.clone(), s, e)];
+    let window = [(tenant.tenant_id.clone(), start, end)];
     let groups = usage_groups(conn, book, &window)
         .await?
         .remove(&tenant.tenant_id)

@@ -108,15 +108,17 @@ pub struct GatewayConfig {
         default_value_t = 86_400
     )]
     pub idempotency_shared_ttl_secs: u64,
-    /// `on`: a request a simulated model cannot admit for its class waits
-    /// in that model's fair queue (priority, then WFQ by tenant weight) up
-    /// to its tenant's wait budget, then 429 `queue_timeout`; `off`: 503
-    /// `no_capacity` at once.
+    /// `on` (the fairness layer): a request a simulated model cannot admit
+    /// for its class waits in that model's fair queue (priority, then WFQ
+    /// by tenant weight) up to its tenant's wait budget, then 429
+    /// `queue_timeout`; with it the degradation ladder, capacity borrowing
+    /// and preemption. `off`: admission by class only, 503 `no_capacity`
+    /// at once.
     #[arg(
         long,
         env = "GATEWAY_QUEUE",
         value_name = "GATEWAY_QUEUE",
-        default_value = "off"
+        default_value = "on"
     )]
     pub queue: Switch,
     /// Requests each priority level of a model's queue holds (1 to 100000).

@@ -128,6 +128,16 @@ impl TestStack {
             .0
     }
 
+    /// The decimal `sql` selects (a sum; none is 0).
+    pub async fn decimal(&self, sql: &str) -> rust_decimal::Decimal {
+        sqlx::query_as::<_, (Option<rust_decimal::Decimal>,)>(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect("decimal query")
+            .0
+            .unwrap_or_default()
+    }
+
     /// Polls `sql` until it selects `expected`; fails after `within` with
     /// `service`'s log.
     pub async fn wait_count(

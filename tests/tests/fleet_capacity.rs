@@ -25,11 +25,6 @@ fn generous() -> TenantLimits {
     }
 }
 
-async fn decimal(stack: &TestStack, sql: &str) -> Decimal {
-    let (d,): (Option<Decimal>,) = sqlx::query_as(sql).fetch_one(&stack.pool).await.unwrap();
-    d.unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_reports_and_dedicated_usage_reach_billing_exactly_once() {
     let stack = TestStack::new("fleetcap").await;
@@ -127,48 +122,46 @@ async fn replica_reports_and_dedicated_usage_reach_billing_exactly_once() {
     );
 
     // Busy GPU time reported by the replicas = GPU time billed to requests, exactly.
-    let busy = decimal(&stack, "SELECT sum(busy_gpu_seconds) FROM replica_reports").await;
-    let billed = decimal(&stack, "SELECT sum(gpu_seconds) FROM usage_hourly").await;
+    let busy = stack
+        .decimal("SELECT sum(busy_gpu_seconds) FROM replica_reports")
+        .await;
+    let billed = stack
+        .decimal("SELECT sum(gpu_seconds) FROM usage_hourly")
+        .await;
     assert!(billed > Decimal::ZERO);
     assert_eq!(
         busy, billed,
         "replicas' busy GPU-seconds vs requests' GPU-seconds"
     );
     // Per replica too: the dedicated one's time is its owner's.
-    let dedicated_busy = decimal(
-        &stack,
-        "SELECT sum(busy_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner-co'",
+    let dedicated_busy = stack.decimal("SELECT sum(busy_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner-co'",
     )
     .await;
-    let ran_there = decimal(
-        &stack,
-        "SELECT sum(gpu_seconds) FROM request_log WHERE replica_id = 'llama-3.1-8b-r0'",
-    )
-    .await;
+    let ran_there = stack
+        .decimal("SELECT sum(gpu_seconds) FROM request_log WHERE replica_id = 'llama-3.1-8b-r0'")
+        .await;
     assert_eq!(dedicated_busy, ran_there);
     // Idle: the shared replicas' idle time is the overhead pool's, the
     // dedicated replica's is not.
-    let shared_idle = decimal(
-        &stack,
-        "SELECT sum(idle_gpu_seconds) FROM replica_reports WHERE dedicated_to IS NULL",
-    )
-    .await;
-    let pool_idle = decimal(&stack, "SELECT sum(gpu_seconds) FROM fleet_idle_hourly").await;
+    let shared_idle = stack
+        .decimal("SELECT sum(idle_gpu_seconds) FROM replica_reports WHERE dedicated_to IS NULL")
+        .await;
+    let pool_idle = stack
+        .decimal("SELECT sum(gpu_seconds) FROM fleet_idle_hourly")
+        .await;
     assert!(
         shared_idle > Decimal::ZERO,
         "idle shared replicas report idle time"
     );
     assert_eq!(pool_idle, shared_idle);
-    let dedicated_idle = decimal(
-        &stack,
-        "SELECT sum(idle_gpu_seconds) FROM dedicated_capacity_hourly",
-    )
-    .await;
-    let reported_dedicated_idle = decimal(
-        &stack,
-        "SELECT sum(idle_gpu_seconds) FROM replica_reports WHERE dedicated_to = 'owner-co'",
-    )
-    .await;
+    let dedicated_idle = stack
+        .decimal("SELECT sum(idle_gpu_seconds) FROM dedicated_capacity_hourly")
+        .await;
+    let reported_dedicated_idle = stack
+        .decimal(
+            "SELECT sum(idle_gpu_seconds) FROM replica_reports WHERE dedicated_to = 'owner-co'",
+        )
+        .await;
     assert_eq!(dedicated_idle, reported_dedicated_idle);
     // The usage on the dedicated replica, by owner and tenant.
     let by_tenant: Vec<(String, i64, Decimal)> = sqlx::query_as(
@@ -188,14 +181,10 @@ async fn replica_reports_and_dedicated_usage_reach_billing_exactly_once() {
     assert_eq!(by_tenant, expected);
     // What the dedicated replica lent, as it counted it (report v2), is
     // what the borrower's events billed there (nothing was preempted).
-    let lent_reported = decimal(
-        &stack,
-        "SELECT sum(lent_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner-co'",
+    let lent_reported = stack.decimal("SELECT sum(lent_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner-co'",
     )
     .await;
-    let lent_billed = decimal(
-        &stack,
-        "SELECT sum(gpu_seconds) FROM request_log WHERE dedicated_to = 'owner-co' AND tenant_id <> 'owner-co'",
+    let lent_billed = stack.decimal("SELECT sum(gpu_seconds) FROM request_log WHERE dedicated_to = 'owner-co' AND tenant_id <> 'owner-co'",
     )
     .await;
     assert_eq!(
@@ -252,7 +241,9 @@ async fn replica_reports_and_dedicated_usage_reach_billing_exactly_once() {
         "a re-sent or conflicting report is not stored again"
     );
     assert_eq!(
-        decimal(&stack, "SELECT sum(gpu_seconds) FROM fleet_idle_hourly").await,
+        stack
+            .decimal("SELECT sum(gpu_seconds) FROM fleet_idle_hourly")
+            .await,
         pool_idle,
         "nor added again"
     );
@@ -294,9 +285,7 @@ async fn replica_reports_and_dedicated_usage_reach_billing_exactly_once() {
     let capacity = dedicated_busy + dedicated_idle;
     assert_eq!(dec(&reserved[0]["quantity"]), (capacity / hour).round_dp(6));
     assert_eq!(dec(&reserved[0]["amount"]), cents(capacity * rate / hour));
-    let lent = decimal(
-        &stack,
-        "SELECT sum(gpu_seconds) FROM request_log WHERE dedicated_to = 'owner-co' AND tenant_id <> 'owner-co'",
+    let lent = stack.decimal("SELECT sum(gpu_seconds) FROM request_log WHERE dedicated_to = 'owner-co' AND tenant_id <> 'owner-co'",
     )
     .await;
     let credits: Vec<Decimal> = line("credit").iter().map(|l| dec(&l["amount"])).collect();

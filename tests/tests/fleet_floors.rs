@@ -85,6 +85,9 @@ async fn an_idle_tenants_floor_is_kept_free_and_it_gets_in_when_it_comes() {
         &[
             ("ENGINE_PROFILES", profiles.display().to_string()),
             ("GATEWAY_REQUEST_TIMEOUT_SECS", "120".into()),
+            // The refusal at once (with the fair queue on, the request
+            // would wait in line for the floor's owner to leave room).
+            ("GATEWAY_QUEUE", "off".into()),
         ],
     )
     .await;

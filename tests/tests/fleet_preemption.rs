@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use tests::gateway::{seed_tenant, start_gateway_with, start_ingest, wait_for_log, TenantLimits};
-use tests::TestStack;
+use tests::{Service, TestStack};
 
 const BATCH: &str = "sk-test-preempt-batch";
 const TOOLS: &str = "sk-test-preempt-tools";
@@ -33,13 +33,18 @@ fn generous() -> TenantLimits {
     }
 }
 
-/// A replica of 128 KV blocks (16 tokens each) whose every step takes
-/// 0.25 s, so that a few requests fill it and hold it for about 10 s.
-const TINY: &str = "profiles:
+/// `replicas` replicas of 128 KV blocks (16 tokens each) whose every step
+/// takes 0.25 s, so that a few requests fill one and hold it for about
+/// 10 s; `dedicated` is the profile's `dedicated:` value, if any.
+fn tiny(replicas: u32, dedicated: Option<&str>) -> String {
+    let dedicated = dedicated.map_or(String::new(), |d| format!("    dedicated: {d}\n"));
+    format!(
+        "profiles:
   - name: tiny
     version: tiny-1
     gpus: 1
-    weight_bytes: 2500000000
+    replicas: {replicas}
+{dedicated}    weight_bytes: 2500000000
     flops_per_token: 1000000000
     kv_bytes_per_token: 1024
     kv_budget_bytes: 2097152
@@ -47,7 +52,86 @@ const TINY: &str = "profiles:
     bandwidth_efficiency_percent: 100
     flops_per_second: 100000000000000
     max_context: 1024
-";
+"
+    )
+}
+
+/// Seeds `tenants` (id, key, priority) with generous limits; `slow_lane`
+/// gets a 10 s TTFT objective (its wait budget: it preempts at 5 s).
+async fn seed(stack: &TestStack, tenants: &[(&str, &str, i16)], slow_lane: &str) {
+    for &(tenant, key, priority) in tenants {
+        seed_tenant(stack, tenant, key, generous()).await;
+        sqlx::query("UPDATE tenants SET priority = $2 WHERE tenant_id = $1")
+            .bind(tenant)
+            .bind(priority)
+            .execute(&stack.pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query(
+        "UPDATE tenants SET slo_ttft_p95_ms = 10000, slo_e2e_p95_ms = 600000 WHERE tenant_id = $1",
+    )
+    .bind(slow_lane)
+    .execute(&stack.pool)
+    .await
+    .unwrap();
+}
+
+/// The gateway (queues on, a replica report every second) over `profile`,
+/// and ingest.
+async fn start(stack: &TestStack, profile: &str) -> (Service, String, Service) {
+    let profiles = stack.dir.path().join("tiny.yaml");
+    std::fs::write(&profiles, profile).unwrap();
+    let (gateway, url) = start_gateway_with(
+        stack,
+        1,
+        &[
+            ("ENGINE_PROFILES", profiles.display().to_string()),
+            ("GATEWAY_QUEUE", "on".into()),
+            ("GATEWAY_REPLICA_REPORT_SECS", "1".into()),
+            ("GATEWAY_REQUEST_TIMEOUT_SECS", "120".into()),
+        ],
+    )
+    .await;
+    (gateway, url, start_ingest(stack))
+}
+
+type Answer = tokio::task::JoinHandle<(u16, Duration, String)>;
+
+/// Sends `body` with `key` in the background: its status, how long it
+/// took and its body.
+fn send(url: &str, key: &'static str, body: Value) -> Answer {
+    let chat = format!("{url}/v1/chat/completions");
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let res = reqwest::Client::new()
+            .post(&chat)
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let text = res.text().await.unwrap();
+        (status, started.elapsed(), text)
+    })
+}
+
+/// `/metrics` shows exactly one preemption, of `preempted` for `preempting`.
+async fn one_preemption(url: &str, preempted: &str, preempting: &str) {
+    let m = tests::gateway::metrics(url).await;
+    let preemptions: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("preemptions_total{"))
+        .collect();
+    assert_eq!(preemptions.len(), 1, "{m}");
+    assert!(
+        preemptions[0].contains(&format!("preempted_tenant=\"{preempted}\""))
+            && preemptions[0].contains(&format!("preempting_tenant=\"{preempting}\""))
+            && preemptions[0].ends_with(" 1"),
+        "{preemptions:?}"
+    );
+}
 
 /// About 30 of the 128 blocks: two run together under best effort's 60%.
 fn long(i: usize) -> Value {
@@ -71,52 +155,14 @@ fn big() -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_priority_5_request_preempts_the_lowest_and_the_victim_still_gets_its_answer() {
     let stack = TestStack::new("preempt").await;
-    for (tenant, key, priority) in [("batch", BATCH, 1), ("tools", TOOLS, 3), ("prod", PROD, 5)] {
-        seed_tenant(&stack, tenant, key, generous()).await;
-        sqlx::query("UPDATE tenants SET priority = $2 WHERE tenant_id = $1")
-            .bind(tenant)
-            .bind(priority)
-            .execute(&stack.pool)
-            .await
-            .unwrap();
-    }
-    // prod's TTFT objective is 10 s: its wait budget; it preempts at 5 s.
-    sqlx::query("UPDATE tenants SET slo_ttft_p95_ms = 10000, slo_e2e_p95_ms = 600000 WHERE tenant_id = 'prod'")
-        .execute(&stack.pool)
-        .await
-        .unwrap();
-    let profiles = stack.dir.path().join("tiny.yaml");
-    std::fs::write(&profiles, TINY).unwrap();
-    let (mut gateway, url) = start_gateway_with(
+    seed(
         &stack,
-        1,
-        &[
-            ("ENGINE_PROFILES", profiles.display().to_string()),
-            ("GATEWAY_QUEUE", "on".into()),
-            ("GATEWAY_REPLICA_REPORT_SECS", "1".into()),
-            ("GATEWAY_REQUEST_TIMEOUT_SECS", "120".into()),
-        ],
+        &[("batch", BATCH, 1), ("tools", TOOLS, 3), ("prod", PROD, 5)],
+        "prod",
     )
     .await;
-    let ingest = start_ingest(&stack);
-    let client = reqwest::Client::new();
-    let chat = format!("{url}/v1/chat/completions");
-    let send = |key: &'static str, body: Value| {
-        let (client, chat) = (client.clone(), chat.clone());
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let res = client
-                .post(&chat)
-                .bearer_auth(key)
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            let status = res.status().as_u16();
-            let text = res.text().await.unwrap();
-            (status, started.elapsed(), text)
-        })
-    };
+    let (mut gateway, url, ingest) = start(&stack, &tiny(1, None)).await;
+    let send = |key: &'static str, body: Value| send(&url, key, body);
     // Two best-effort requests and one standard fill the replica past 92%.
     let mut fill = Vec::new();
     for i in 0..2 {
@@ -162,18 +208,7 @@ async fn a_waiting_priority_5_request_preempts_the_lowest_and_the_victim_still_g
         took >= Duration::from_millis(4_900),
         "it waited for the preemption point (5 s) first: {took:?}"
     );
-    let m = tests::gateway::metrics(&url).await;
-    let preemptions: Vec<&str> = m
-        .lines()
-        .filter(|l| l.starts_with("preemptions_total{"))
-        .collect();
-    assert_eq!(preemptions.len(), 1, "{m}");
-    assert!(
-        preemptions[0].contains("preempted_tenant=\"batch\"")
-            && preemptions[0].contains("preempting_tenant=\"prod\"")
-            && preemptions[0].ends_with(" 1"),
-        "{preemptions:?}"
-    );
+    one_preemption(&url, "batch", "prod").await;
     // Every request of the fill gets its answer: the preempted one later.
     for f in fill {
         let (status, _, text) = f.await.unwrap();
@@ -241,23 +276,6 @@ async fn a_waiting_priority_5_request_preempts_the_lowest_and_the_victim_still_g
 const OWNER: &str = "sk-test-preempt-owner";
 const BORROWER: &str = "sk-test-preempt-borrower";
 
-/// Two replicas of [`TINY`]'s size; the first is dedicated to `owner`.
-const TINY_DEDICATED: &str = "profiles:
-  - name: tiny
-    version: tiny-1
-    gpus: 1
-    replicas: 2
-    dedicated: { owner: 1 }
-    weight_bytes: 2500000000
-    flops_per_token: 1000000000
-    kv_bytes_per_token: 1024
-    kv_budget_bytes: 2097152
-    hbm_bytes_per_second: 10000000000
-    bandwidth_efficiency_percent: 100
-    flops_per_second: 100000000000000
-    max_context: 1024
-";
-
 /// A seed whose simulated answer runs to `max_tokens` (40) for any prompt
 /// length in `lengths` (the gateway's chat flattening adds a few tokens).
 fn seed_for(lengths: std::ops::RangeInclusive<u64>) -> u64 {
@@ -287,57 +305,24 @@ async fn an_owner_takes_its_lent_replica_back_and_the_lent_time_is_credited_as_t
     let stack = TestStack::new("ownerpreempt").await;
     // The owner is priority 2 (best effort: admitted below 60% of a
     // replica's KV): it preempts nothing but what it lent. The borrower is
-    // priority 4, above it: lent work goes first all the same.
-    for (tenant, key, priority) in [("owner", OWNER, 2), ("borrower", BORROWER, 4)] {
-        seed_tenant(&stack, tenant, key, generous()).await;
-        sqlx::query("UPDATE tenants SET priority = $2 WHERE tenant_id = $1")
-            .bind(tenant)
-            .bind(priority)
-            .execute(&stack.pool)
-            .await
-            .unwrap();
-    }
-    // The owner's TTFT objective is 10 s: its wait budget; it preempts at
-    // 5 s. It is charged back by GPU time (the test model has no token
-    // prices in the reference book).
-    sqlx::query("UPDATE tenants SET slo_ttft_p95_ms = 10000, slo_e2e_p95_ms = 600000, billing_mode = 'per_gpu_second' WHERE tenant_id = 'owner'")
+    // priority 4, above it: lent work goes first all the same. The owner
+    // is charged back by GPU time (the test model has no token prices in
+    // the reference book).
+    seed(
+        &stack,
+        &[("owner", OWNER, 2), ("borrower", BORROWER, 4)],
+        "owner",
+    )
+    .await;
+    sqlx::query("UPDATE tenants SET billing_mode = 'per_gpu_second' WHERE tenant_id = 'owner'")
         .execute(&stack.pool)
         .await
         .unwrap();
-    let profiles = stack.dir.path().join("tiny.yaml");
-    std::fs::write(&profiles, TINY_DEDICATED).unwrap();
-    let (mut gateway, url) = start_gateway_with(
-        &stack,
-        1,
-        &[
-            ("ENGINE_PROFILES", profiles.display().to_string()),
-            ("GATEWAY_QUEUE", "on".into()),
-            ("GATEWAY_REPLICA_REPORT_SECS", "1".into()),
-            ("GATEWAY_REQUEST_TIMEOUT_SECS", "120".into()),
-        ],
-    )
-    .await;
-    let ingest = start_ingest(&stack);
+    let (mut gateway, url, ingest) = start(&stack, &tiny(2, Some("{ owner: 1 }"))).await;
     let client = reqwest::Client::new();
-    let chat = format!("{url}/v1/chat/completions");
+    let send = |key: &'static str, body: Value| send(&url, key, body);
     let seed = seed_for(1..=40);
     let borrow_seed = seed_for(600..=700);
-    let send = |key: &'static str, body: Value| {
-        let (client, chat) = (client.clone(), chat.clone());
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let res = client
-                .post(&chat)
-                .bearer_auth(key)
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            let status = res.status().as_u16();
-            let text = res.text().await.unwrap();
-            (status, started.elapsed(), text)
-        })
-    };
     // The owner is idle: its replica is lent. The borrower's four requests
     // (~40 of a replica's 128 blocks each, ~10 s) run two on each replica:
     // both past best effort's 60%.
@@ -380,18 +365,7 @@ async fn an_owner_takes_its_lent_replica_back_and_the_lent_time_is_credited_as_t
         took >= Duration::from_millis(4_900),
         "it waited for the preemption point (5 s) first: {took:?}"
     );
-    let m = tests::gateway::metrics(&url).await;
-    let preemptions: Vec<&str> = m
-        .lines()
-        .filter(|l| l.starts_with("preemptions_total{"))
-        .collect();
-    assert_eq!(preemptions.len(), 1, "{m}");
-    assert!(
-        preemptions[0].contains("preempted_tenant=\"borrower\"")
-            && preemptions[0].contains("preempting_tenant=\"owner\"")
-            && preemptions[0].ends_with(" 1"),
-        "{preemptions:?}"
-    );
+    one_preemption(&url, "borrower", "owner").await;
     // Delay, not failure: every borrowed request gets its answer.
     for f in fill {
         let (status, _, text) = f.await.unwrap();
@@ -429,10 +403,14 @@ async fn an_owner_takes_its_lent_replica_back_and_the_lent_time_is_credited_as_t
     assert_eq!(victim_replica, "tiny-r1", "{victims:?}");
 
     // Wait for the last replica reports (the graceful stop wrote them).
-    let billed = decimal(&stack, "SELECT sum(gpu_seconds) FROM request_log").await;
+    let billed = stack
+        .decimal("SELECT sum(gpu_seconds) FROM request_log")
+        .await;
     let mut busy = Decimal::ZERO;
     for _ in 0..120 {
-        busy = decimal(&stack, "SELECT sum(busy_gpu_seconds) FROM replica_reports").await;
+        busy = stack
+            .decimal("SELECT sum(busy_gpu_seconds) FROM replica_reports")
+            .await;
         if busy == billed {
             break;
         }
@@ -445,24 +423,20 @@ async fn an_owner_takes_its_lent_replica_back_and_the_lent_time_is_credited_as_t
     // The owner's replica: its busy time is the owner's own usage there
     // plus what it lent — the lost attempt included, which the events that
     // ended there do not hold.
-    let r0_busy = decimal(
-        &stack,
-        "SELECT sum(busy_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner'",
+    let r0_busy = stack
+        .decimal(
+            "SELECT sum(busy_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner'",
+        )
+        .await;
+    let lent = stack
+        .decimal(
+            "SELECT sum(lent_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner'",
+        )
+        .await;
+    let own = stack.decimal("SELECT sum(gpu_seconds) FROM request_log WHERE replica_id = 'tiny-r0' AND tenant_id = 'owner'",
     )
     .await;
-    let lent = decimal(
-        &stack,
-        "SELECT sum(lent_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner'",
-    )
-    .await;
-    let own = decimal(
-        &stack,
-        "SELECT sum(gpu_seconds) FROM request_log WHERE replica_id = 'tiny-r0' AND tenant_id = 'owner'",
-    )
-    .await;
-    let ended_there = decimal(
-        &stack,
-        "SELECT sum(gpu_seconds) FROM request_log WHERE dedicated_to = 'owner' AND tenant_id <> 'owner'",
+    let ended_there = stack.decimal("SELECT sum(gpu_seconds) FROM request_log WHERE dedicated_to = 'owner' AND tenant_id <> 'owner'",
     )
     .await;
     assert_eq!(
@@ -506,9 +480,4 @@ async fn an_owner_takes_its_lent_replica_back_and_the_lent_time_is_credited_as_t
     assert_eq!(hours, (lent / Decimal::from(3600)).round_dp(6), "{invoice}");
     drop(billing);
     drop(ingest);
-}
-
-async fn decimal(stack: &TestStack, sql: &str) -> Decimal {
-    let (d,): (Option<Decimal>,) = sqlx::query_as(sql).fetch_one(&stack.pool).await.unwrap();
-    d.unwrap_or_default()
 }

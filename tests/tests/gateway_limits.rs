@@ -221,13 +221,15 @@ async fn tenant_and_global_rates_are_429_and_a_full_engine_is_503() {
         .await
         .unwrap();
     // Real time: long prompts queue for prefill and hold their KV while
-    // they decode, so occupancy climbs while the test watches.
+    // they decode, so occupancy climbs while the test watches. Without the
+    // fair queue (`GATEWAY_QUEUE=off`) a full engine answers 503 at once.
     let (gateway, url) = start_gateway_with(
         &stack,
         1,
         &[
             ("GATEWAY_GLOBAL_RPS", "20".into()),
             ("GATEWAY_GLOBAL_BURST", "20".into()),
+            ("GATEWAY_QUEUE", "off".into()),
         ],
     )
     .await;

@@ -111,12 +111,17 @@ async fn a_full_replica_queues_and_a_freed_one_takes_the_next_in_line() {
             && l.contains("reason=\"queue_timeout\"")),
         "{m}"
     );
-    // Billed: every stream that ran (as cancelled when its client left),
-    // never the one that timed out in the queue.
+    // Billed: every stream that ran (as cancelled when its client left,
+    // or as stopped if it reached its natural end first on a slow
+    // machine), never the one that timed out in the queue.
     let ran = held.len() + 1;
     drop(held);
     let rows = wait_for_log(&stack, "flood", ran, &[&gateway, &ingest]).await;
-    assert!(rows.values().all(|r| r.0 == "cancelled"), "{rows:?}");
+    assert_eq!(rows.len(), ran, "{rows:?}");
+    assert!(
+        rows.values().all(|r| r.0 == "cancelled" || r.0 == "stop"),
+        "{rows:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

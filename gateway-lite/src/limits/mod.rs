@@ -1190,7 +1190,9 @@ mod tests {
             assert_eq!(r.limit, LimitKind::Degraded, "{:?}", c.rate);
         }
         // Priority 3 without a rate limit is not slowed (nothing to scale).
-        assert!(admit(&l, &caller(None, None, None), "m", 10, t0).await.is_ok());
+        assert!(admit(&l, &caller(None, None, None), "m", 10, t0)
+            .await
+            .is_ok());
         // The queue empties: priority 1 is back.
         ladder.evaluate(&[("m".into(), vec![0.9, 0.95], 0)], &windows, t0);
         drop(admit(&l, &low(None), "m", 10, t0).await.unwrap());
