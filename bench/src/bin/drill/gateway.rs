@@ -33,11 +33,11 @@ pub enum Mode {
 impl Mode {
     pub fn title(self) -> &'static str {
         match self {
-            Self::Fair => "fair (priority queues + WFQ + ladder, dedicated replicas)",
+            Self::Fair => "fair (the default: priority queues + WFQ + ladder + preemption, dedicated replicas)",
             Self::FairUncapped => {
                 "fair with every tenant's caps lifted (the fairness layer alone against the burst)"
             }
-            Self::Classes => "classes only (KV admission by class, 503 when full; today's default)",
+            Self::Classes => "classes only (GATEWAY_QUEUE=off: KV admission by class, 503 when full)",
             Self::Fifo => "FIFO (one line, shared pool, caps lifted: the reference incident)",
         }
     }

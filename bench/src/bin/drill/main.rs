@@ -2,7 +2,7 @@
 //! 5,000 requests in 30 s while acme-corp sends 200 requests/s and the
 //! other three tenants send at their reference rates, on a simulated pool
 //! of 12 replicas of the 70B profile, acme-corp owning 4 of them. The same
-//! traffic is replayed three times through a real gateway (in process, on a
+//! traffic is replayed four times through a real gateway (in process, on a
 //! loopback socket, the engine in real time):
 //!
 //! - **fair**: the fairness layer on (the gateway's `GATEWAY_QUEUE=on`:
@@ -11,9 +11,9 @@
 //! - **uncapped**: the same, with every tenant's rate and concurrency caps
 //!   lifted, and no global bucket: the fairness layer alone against the
 //!   whole burst;
-//! - **classes only**: today's default gateway — limits, the replicas' KV
-//!   admission by class (60/85/92%), 503 when no replica admits, dedicated
-//!   replicas;
+//! - **classes only**: the fairness layer off (`GATEWAY_QUEUE=off`) —
+//!   limits, the replicas' KV admission by class (60/85/92%), 503 when no
+//!   replica admits, dedicated replicas;
 //! - **FIFO**: the reference incident — one first-in-first-out line in
 //!   front of a shared pool, no priorities, no weights, no dedicated
 //!   replicas, every tenant at the standard class with its rate and
