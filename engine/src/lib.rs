@@ -22,6 +22,7 @@
 //! - [`replica_pool`]: a model's replicas and where a request goes (routing,
 //!   dedicated replicas, dead replicas leaving the pool)
 //! - [`replica_task`]: one replica as a task: its commands, paced steps, deliveries
+//! - [`histogram`]: the fixed-bucket latency histograms a replica keeps
 //! - [`metrics`]: Prometheus exposition under vLLM's names
 //! - [`server`]: the OpenAI-compatible HTTP API (`engine` binary, port 8081)
 //! - [`upstream`]: which engine serves a model — the simulator in process or an
@@ -44,6 +45,7 @@ pub mod attribution;
 pub mod clock;
 pub mod completion;
 pub mod error;
+pub mod histogram;
 pub mod identity;
 pub mod kv;
 pub mod metrics;

@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use crate::attribution;
 use crate::error::EngineError;
+use crate::histogram::Histogram;
 use crate::kv::KvPool;
-use crate::metrics::Histogram;
 use crate::prefix_cache::PrefixCache;
 use crate::profile::{ModelProfile, StepCosts};
 use crate::scheduler::{Memory, Scheduler, Seq, SeqId, ServiceClass};
