@@ -16,7 +16,8 @@
 //! - [`capacity`]: replica reports (idle and dedicated GPU time) and the
 //!   usage that ran on dedicated replicas, in the same transaction
 //! - [`offsets`]: offsets in Postgres, moved by compare-and-set
-//! - [`dead_letters`]: list and re-drive
+//! - [`dead_letters`]: store and list the messages that cannot be counted
+//! - [`redrive`]: re-drive them after a fix, exactly once
 //! - [`telemetry`]: Prometheus metrics
 //! - [`service`], [`config`], [`error`]: the process around it
 //! - [`session`]: what ingest and the archiver share as processes (metrics
@@ -43,6 +44,7 @@ pub mod dead_letters;
 pub mod error;
 pub mod hourly;
 pub mod offsets;
+pub mod redrive;
 pub mod request_rows;
 pub mod service;
 pub mod session;

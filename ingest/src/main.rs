@@ -1,6 +1,6 @@
 use clap::{Parser, Subcommand};
 use ingest::session::println_json;
-use ingest::{dead_letters, IngestConfig};
+use ingest::{dead_letters, redrive, IngestConfig};
 use serving::shutdown_signal;
 
 /// Meterline ingest: usage events from Kafka into Postgres, exactly once.
@@ -73,7 +73,7 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
                 std::time::Duration::from_secs(10),
             )
             .await?;
-            let report = dead_letters::redrive(&pool, reason.as_deref()).await?;
+            let report = redrive::redrive(&pool, reason.as_deref()).await?;
             println_json(&report)?;
         }
     }

@@ -217,8 +217,8 @@ async fn dead_letters_are_redriven_exactly_once_after_the_fix() {
     add_tenant(&pool, "late-corp").await;
     // Two operators re-drive at the same moment.
     let (a, b) = tokio::join!(
-        ingest::dead_letters::redrive(&pool, None),
-        ingest::dead_letters::redrive(&pool, None)
+        ingest::redrive::redrive(&pool, None),
+        ingest::redrive::redrive(&pool, None)
     );
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a.counted + b.counted, 5);
@@ -230,7 +230,7 @@ async fn dead_letters_are_redriven_exactly_once_after_the_fix() {
     .unwrap();
     assert_eq!((requests, completion), (5, 15));
     // Again: nothing left to count; the broken one stays open with its outcome.
-    let again = ingest::dead_letters::redrive(&pool, None).await.unwrap();
+    let again = ingest::redrive::redrive(&pool, None).await.unwrap();
     assert_eq!((again.counted, again.still_rejected), (0, 1));
     let open = ingest::dead_letters::list_open(&pool, None, 100)
         .await
@@ -397,16 +397,14 @@ async fn dead_letters_of_two_topics_at_one_offset_are_both_kept() {
     );
 
     // Re-driven while the tenants are still missing: each stays once, under its topic.
-    let report = ingest::dead_letters::redrive(&stack.pool, None)
-        .await
-        .unwrap();
+    let report = ingest::redrive::redrive(&stack.pool, None).await.unwrap();
     assert_eq!((report.counted, report.still_rejected), (0, 4));
     assert_eq!(stored().await, expected(Some("still rejected")));
 
     // After the fix both events count, once each.
     add_tenant(&stack.pool, "late-first").await;
     add_tenant(&stack.pool, "late-second").await;
-    let report = ingest::dead_letters::redrive(&stack.pool, Some("unknown_tenant"))
+    let report = ingest::redrive::redrive(&stack.pool, Some("unknown_tenant"))
         .await
         .unwrap();
     assert_eq!(report.counted, 2);
