@@ -66,6 +66,6 @@ pub use profile::ModelProfile;
 pub use replica::{Outcome, Replica, SeqRequest};
 pub use scheduler::ServiceClass;
 pub use simulator::{
-    BusyIdle, Completion, CompletionRequest, Generation, OwnerWaiting, Piece, ReplicaGpuTime,
-    Simulator,
+    BusyIdle, Completion, CompletionRequest, Generation, GpuTimeReadings, OwnerWaiting, Piece,
+    ReplicaGpuTime, Simulator, GPU_TIME_PATH,
 };

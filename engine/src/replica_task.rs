@@ -45,7 +45,7 @@ pub(crate) enum Command {
 /// `lent`, the part of it attributed to other tenants' requests on a
 /// replica dedicated to an owner (0 on a shared replica) — every attempt's,
 /// preempted ones included, as the replica itself counted it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BusyIdle {
     pub busy_gpu_micros: u64,
     pub idle_gpu_micros: u64,

@@ -1,7 +1,11 @@
 //! The OpenAI-compatible HTTP API over a [`Simulator`]:
 //! `POST /v1/chat/completions` (streaming as SSE or not; `usage` with
 //! `prompt_tokens_details.cached_tokens`), `GET /v1/models`, `GET /metrics`
-//! (see [`metrics`](crate::metrics)) and `GET /health`.
+//! (see [`metrics`](crate::metrics)), `GET /health`, and
+//! `GET /v1/replicas/gpu-time`: every replica's busy, idle and lent GPU
+//! time so far ([`GpuTimeReadings`]), which the gateway elected to report
+//! this engine's replicas reads (it needs a valid identity too: the
+//! figures are what idle and dedicated capacity are billed from).
 //!
 //! The tenant (prefix-cache key) and the admission class (`best-effort`,
 //! `standard`, `reserved`) come only from the signed `x-meterline-identity`
@@ -38,6 +42,7 @@ use crate::error::EngineError;
 use crate::identity::{self, Secret};
 use crate::openai::{ChatCompletion, ChatRequest, ChunkStream, ErrorBody, Meterline};
 use crate::simulator::{CompletionRequest, Generation, Piece, Simulator};
+use crate::simulator::{GpuTimeReadings, GPU_TIME_PATH};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -52,6 +57,7 @@ pub fn app(sim: Arc<Simulator>, secret: Secret) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(completions))
         .route("/v1/models", get(models))
+        .route(GPU_TIME_PATH, get(gpu_time))
         .route("/metrics", get(metrics))
         .route("/health", get(|| async { "ok" }))
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
@@ -132,6 +138,31 @@ async fn models(State(state): State<EngineState>) -> Json<Value> {
     Json(json!({"object": "list", "data": data}))
 }
 
+async fn gpu_time(
+    State(state): State<EngineState>,
+    headers: HeaderMap,
+) -> Result<Json<GpuTimeReadings>, EngineError> {
+    verify(&headers, &state.secret)?;
+    Ok(Json(GpuTimeReadings {
+        instance: state.sim.instance().to_owned(),
+        replicas: state.sim.gpu_time().await,
+    }))
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The identity the request carries, verified.
+fn verify(headers: &HeaderMap, secret: &Secret) -> Result<identity::Identity, EngineError> {
+    let token = headers
+        .get(identity::HEADER)
+        .map(|v| v.to_str().unwrap_or_default());
+    Ok(identity::verify(token, secret, unix_now())?)
+}
+
 async fn metrics(State(state): State<EngineState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -144,13 +175,8 @@ async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, EngineError> {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let token = headers
-        .get(identity::HEADER)
-        .map(|v| v.to_str().unwrap_or_default());
-    let who = identity::verify(token, &secret, now)?;
+    let now = unix_now();
+    let who = verify(&headers, &secret)?;
     let body = body.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => EngineError::PayloadTooLarge(e.body_text()),
         _ => EngineError::BadRequest(e.body_text()),

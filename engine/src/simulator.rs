@@ -52,6 +52,8 @@ pub struct Simulator {
     profiles: Vec<ModelProfile>,
     pools: Vec<ModelPool>,
     speedup: u32,
+    /// Random, new with every simulator (see [`GpuTimeReadings`]).
+    instance: String,
 }
 
 impl std::fmt::Debug for Simulator {
@@ -72,7 +74,14 @@ impl Simulator {
             profiles,
             pools,
             speedup,
+            instance: format!("{:032x}", rand::random::<u128>()),
         }
+    }
+
+    /// This simulator's instance id: its replicas' counters start at zero
+    /// with it.
+    pub fn instance(&self) -> &str {
+        &self.instance
     }
 
     /// Like [`Simulator::new`], but rejects invalid profiles up front.
@@ -348,8 +357,9 @@ pub fn natural_output_tokens(seed: u64, prompt_tokens: u64) -> u32 {
     answer_rng(seed, prompt_tokens).random_range(NATURAL_OUTPUT)
 }
 
-/// One replica's GPU time so far ([`Simulator::gpu_time`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One replica's GPU time so far ([`Simulator::gpu_time`]); also what the
+/// `engine` binary serves at [`GPU_TIME_PATH`] (integers: exact).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReplicaGpuTime {
     pub replica_id: String,
     pub model: String,
@@ -359,6 +369,19 @@ pub struct ReplicaGpuTime {
     /// It died: these are its final figures.
     pub dead: bool,
     pub time: BusyIdle,
+}
+
+/// Where the `engine` binary serves [`GpuTimeReadings`].
+pub const GPU_TIME_PATH: &str = "/v1/replicas/gpu-time";
+
+/// Every replica's GPU time since its engine started, as the `engine`
+/// binary serves it for the gateway that reports its replicas. `instance`
+/// is new at every start of the engine: counters read from another
+/// instance start again from zero, so no difference is taken across it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GpuTimeReadings {
+    pub instance: String,
+    pub replicas: Vec<ReplicaGpuTime>,
 }
 
 /// A request running on a replica. Dropping it unfinished cancels it.

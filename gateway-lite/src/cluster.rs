@@ -140,6 +140,12 @@ impl Cluster {
         self.key(&format!("gw:{id}"))
     }
 
+    /// Whether the gateways share a Redis at all (not `GATEWAY_LIMITS=local`),
+    /// reachable or not.
+    pub fn has_redis(&self) -> bool {
+        self.inner.conn.is_some()
+    }
+
     /// The connection, in shared mode only.
     pub fn conn(&self) -> Option<ConnectionManager> {
         match self.mode() {

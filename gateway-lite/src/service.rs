@@ -250,6 +250,7 @@ pub async fn run(
         state.engine.clone(),
         outbox.clone(),
         config.gateway_id.clone(),
+        cluster.clone(),
     )
     .await;
     let reports = tokio::spawn(reporter.run(

@@ -80,7 +80,11 @@ pub fn describe() {
     );
     metrics::describe_counter!(
         "gateway_replica_reports_total",
-        "Replica reports (busy and idle GPU time of a simulated replica) written to the outbox"
+        "Replica reports (busy, idle and lent GPU time of a replica over one interval and hour) written to the outbox"
+    );
+    metrics::describe_counter!(
+        "gateway_replica_report_errors_total",
+        "Ticks at which an engine binary's replica reports could not be made (Redis or the engine did not answer, by model); the time is reported at a later tick"
     );
     metrics::describe_counter!(
         "gateway_relay_errors_total",

@@ -504,6 +504,7 @@ fn remote_model(model: &str, base: &str) -> RemoteModel {
         cache_salt: false,
         idle_timeout_secs: 60,
         kv_poll_ms: 0,
+        replica_reports: false,
     }
 }
 

@@ -35,7 +35,8 @@ use crate::attribution::to_gpu_seconds;
 use crate::error::EngineError;
 use crate::identity::{self, Secret, Signer};
 use crate::openai::{ErrorBody, Meterline, Usage};
-use crate::simulator::{Completion, CompletionRequest, Piece};
+use crate::scheduler::ServiceClass;
+use crate::simulator::{Completion, CompletionRequest, GpuTimeReadings, Piece, GPU_TIME_PATH};
 use crate::tokenizer;
 use crate::upstream::ledger::{Ledger, Share, SharedLedger, SHARED_GROW_EVERY};
 use crate::upstream::occupancy::{self, Occupancy};
@@ -48,6 +49,8 @@ type Events = Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::
 pub struct HttpUpstream {
     pub config: RemoteModel,
     url: String,
+    /// The configured URL without a trailing slash.
+    base: String,
     api_key: Option<String>,
     /// Signs `x-meterline-identity` when `identity_secret_env` is set.
     signer: Option<Signer>,
@@ -60,6 +63,10 @@ pub struct HttpUpstream {
     /// pool: it could not be reached.
     down_until_ms: std::sync::atomic::AtomicU64,
 }
+
+/// The name a gateway signs its reads of an engine's GPU time with (no
+/// tenant: the signature is what the engine checks).
+const REPORTER_IDENTITY: &str = "meterline-replica-reports";
 
 /// How long a replica that could not be reached stays out of its pool.
 pub const DOWN_FOR: Duration = Duration::from_secs(5);
@@ -134,6 +141,7 @@ impl HttpUpstream {
         }
         Ok(Self {
             url: format!("{base}/v1/chat/completions"),
+            base: base.to_owned(),
             ledger: Arc::new(Ledger::new(config.gpus)),
             shared: None,
             occupancy,
@@ -143,6 +151,45 @@ impl HttpUpstream {
             client,
             config,
         })
+    }
+
+    /// Every replica's GPU time so far, from the `engine` binary's
+    /// [`GPU_TIME_PATH`] (a signed read; see [`RemoteModel::replica_reports`]).
+    pub async fn gpu_time(&self) -> Result<GpuTimeReadings, EngineError> {
+        let c = &self.config;
+        let failed = |detail: String| EngineError::Upstream {
+            model: c.model.clone(),
+            detail: format!("{}{GPU_TIME_PATH}: {detail}", self.base),
+        };
+        let Some(signer) = &self.signer else {
+            return Err(failed(
+                "no identity_secret_env to sign the read with".into(),
+            ));
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut request = self
+            .client
+            .get(format!("{}{GPU_TIME_PATH}", self.base))
+            .timeout(Duration::from_secs(10))
+            .header(
+                identity::HEADER,
+                signer.sign(REPORTER_IDENTITY, ServiceClass::Standard, now),
+            );
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.map_err(|e| failed(e.to_string()))?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            return Err(failed(format!("{status}: {text}")));
+        }
+        response
+            .json::<GpuTimeReadings>()
+            .await
+            .map_err(|e| failed(e.to_string()))
     }
 
     /// The body sent upstream: the client's own request, so every field the

@@ -18,6 +18,8 @@
 //!     cache_salt: false             # optional: true sets vLLM's cache_salt to a per-tenant value
 //!     idle_timeout_secs: 60         # optional: longest silence inside a response
 //!     kv_poll_ms: 1000              # optional: how often its /metrics KV usage is read (0: never)
+//!     replica_reports: false        # optional: true for the `engine` binary — one gateway (elected)
+//!                                   # reads its replicas' GPU time and reports their idle time
 //! ```
 //!
 //! With `identity_secret_env` every request carries `x-meterline-identity`,
@@ -97,6 +99,11 @@ pub struct RemoteModel {
     pub idle_timeout_secs: u64,
     #[serde(default = "default_kv_poll")]
     pub kv_poll_ms: u64,
+    /// Report this upstream's replicas (busy, idle, lent GPU time) from its
+    /// `GET /v1/replicas/gpu-time`: the `engine` binary serves it; vLLM
+    /// does not. Needs `identity_secret_env` (the read is signed).
+    #[serde(default)]
+    pub replica_reports: bool,
 }
 
 fn default_kv_poll() -> u64 {
@@ -138,6 +145,13 @@ impl RemoteModel {
                 "kv_poll_ms must be 0 (off) or 100 to 60000, got {}",
                 self.kv_poll_ms
             ));
+        }
+        if self.replica_reports && self.identity_secret_env.is_none() {
+            return Err(
+                "replica_reports: true needs identity_secret_env (the engine answers \
+                        GET /v1/replicas/gpu-time only to a signed request)"
+                    .into(),
+            );
         }
         if !(1..=3600).contains(&self.idle_timeout_secs) {
             return Err(format!(
@@ -451,7 +465,7 @@ mod tests {
     }
 
     #[test]
-    fn replicas_that_repeat_or_disagree_are_refused_naming_the_field() {
+    fn replicas_that_repeat_disagree_or_cannot_be_read_are_refused_naming_the_field() {
         for (body, needle) in [
             (
                 TWO.replace("replica_id: b", "replica_id: a"),
@@ -463,6 +477,10 @@ mod tests {
                     "max_context: 2000, replica_id: b",
                 ),
                 "another max_context",
+            ),
+            (
+                TWO.replace("replica_id: b}", "replica_id: b, replica_reports: true}"),
+                "replica_reports: true needs identity_secret_env",
             ),
         ] {
             let path = file(&body);
