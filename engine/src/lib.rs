@@ -24,7 +24,8 @@
 //! - [`replica_task`]: one replica as a task: its commands, paced steps, deliveries
 //! - [`histogram`]: the fixed-bucket latency histograms a replica keeps
 //! - [`metrics`]: Prometheus exposition under vLLM's names
-//! - [`server`]: the OpenAI-compatible HTTP API (`engine` binary, port 8081)
+//! - [`server`]: the OpenAI-compatible HTTP API (`engine` binary, port 8081),
+//!   with its replicas' GPU time so far for the gateway that reports them
 //! - [`upstream`]: which engine serves a model — the simulator in process or an
 //!   OpenAI-compatible server such as vLLM over HTTP, with GPU time derived
 //!   from wall time when the server reports none

@@ -145,6 +145,7 @@ async fn gpu_time(
     verify(&headers, &state.secret)?;
     Ok(Json(GpuTimeReadings {
         instance: state.sim.instance().to_owned(),
+        started_at_ms: state.sim.started_at_ms(),
         replicas: state.sim.gpu_time().await,
     }))
 }

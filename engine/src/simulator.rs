@@ -54,6 +54,8 @@ pub struct Simulator {
     speedup: u32,
     /// Random, new with every simulator (see [`GpuTimeReadings`]).
     instance: String,
+    /// When it was built (Unix ms): its replicas' counters start here.
+    started_at_ms: i64,
 }
 
 impl std::fmt::Debug for Simulator {
@@ -75,6 +77,9 @@ impl Simulator {
             pools,
             speedup,
             instance: format!("{:032x}", rand::random::<u128>()),
+            started_at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
         }
     }
 
@@ -82,6 +87,11 @@ impl Simulator {
     /// with it.
     pub fn instance(&self) -> &str {
         &self.instance
+    }
+
+    /// When this simulator started (Unix ms), its replicas' counters at zero.
+    pub fn started_at_ms(&self) -> i64 {
+        self.started_at_ms
     }
 
     /// Like [`Simulator::new`], but rejects invalid profiles up front.
@@ -376,11 +386,12 @@ pub const GPU_TIME_PATH: &str = "/v1/replicas/gpu-time";
 
 /// Every replica's GPU time since its engine started, as the `engine`
 /// binary serves it for the gateway that reports its replicas. `instance`
-/// is new at every start of the engine: counters read from another
-/// instance start again from zero, so no difference is taken across it.
+/// is new at every start of the engine, at `started_at_ms` (Unix ms), when
+/// every counter was zero: no difference is taken across two instances.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GpuTimeReadings {
     pub instance: String,
+    pub started_at_ms: i64,
     pub replicas: Vec<ReplicaGpuTime>,
 }
 

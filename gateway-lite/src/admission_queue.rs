@@ -195,20 +195,6 @@ impl Queues {
         }
     }
 
-    /// Requests waiting for `model` at priority `from` or above.
-    pub fn depth_from(&self, model: &str, from: i16) -> usize {
-        let skip = (from.clamp(1, 5) - 1) as usize;
-        self.models.get(model).map_or(0, |q| {
-            q.queue
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .lens()
-                .iter()
-                .skip(skip)
-                .sum()
-        })
-    }
-
     /// Requests waiting for `model`, every level.
     pub fn depth(&self, model: &str) -> usize {
         self.models.get(model).map_or(0, |q| {

@@ -2,11 +2,15 @@
 //! second it looks at the simulated models and the SLO windows and sets
 //! each priority's share of its tenants' requests/s bucket.
 //!
-//! - **Saturated**: a simulated model's replica cannot admit the standard
-//!   class — requests of priority 3 or above wait in its fair queue, and
-//!   that queue is not shrinking — while its KV is past the best-effort
-//!   threshold (60%); it stays saturated until that queue is empty. Then priority 1 is refused (429 `degraded`), 2 keeps
-//!   25% of its rate, 3 keeps 50%.
+//! - **Saturated**: every replica of a simulated model is past the
+//!   best-effort threshold (60% of its KV) and requests of any priority
+//!   wait in its fair queue, that queue not shrinking: the pool serves
+//!   less than is offered to it. It stays saturated until the queue is
+//!   empty. Then priority 1 is refused (429 `degraded`), 2 keeps 25% of its
+//!   rate, 3 keeps 50%. The lowest levels' own backlog counts: a burst of
+//!   priority 1 that the pool cannot serve is turned away at the door
+//!   instead of waiting and then running in batches too large to meet its
+//!   own end-to-end objective (the noisy-neighbour drill's codegen).
 //! - **SLO pressure**: a tenant whose window's p95 is at 80% of its
 //!   objective or more borrows from the priorities below it, one more
 //!   level each second (1, then 2, then 3; never 4 for a priority-5
@@ -84,8 +88,7 @@ impl Ladder {
     }
 
     /// One look: `models` are (model, its replicas' KV usage 0–1, how many
-    /// requests of priority 3 or above wait in its queue now); `windows`
-    /// the SLO windows.
+    /// requests wait in its queue now); `windows` the SLO windows.
     pub fn evaluate(
         &self,
         models: &[(String, Vec<f64>, usize)],

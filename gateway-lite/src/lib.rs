@@ -37,7 +37,8 @@
 //! - [`outbox`]: the durable local queue (redb, group commit)
 //! - [`relay`]: outbox → Kafka with the idempotent producer
 //! - [`replica_reports`]: the busy and idle GPU time of this gateway's
-//!   simulated replicas, reported once per replica through the outbox
+//!   simulated replicas, and of an `engine` binary's when this gateway is
+//!   its elected reporter, reported once per replica through the outbox
 //! - [`state`]: what every handler shares
 //! - [`service`], [`config`], [`error`], [`telemetry`]: the process around it
 

@@ -102,7 +102,7 @@ impl AppState {
                             .filter(|s| s.model == m.name)
                             .map(|s| s.kv_usage)
                             .collect();
-                        (m.name.clone(), kv, queues.depth_from(&m.name, 3))
+                        (m.name.clone(), kv, queues.depth(&m.name))
                     })
                     .collect();
                 ladder.evaluate(&models, &slo, std::time::Instant::now());

@@ -82,6 +82,10 @@ pub fn describe() {
         "gateway_replica_reports_total",
         "Replica reports (busy, idle and lent GPU time of a replica over one interval and hour) written to the outbox"
     );
+    metrics::describe_gauge!(
+        "gateway_replica_reporter",
+        "1 while this gateway is the elected reporter of an engine binary's replicas (by model and url), else 0"
+    );
     metrics::describe_counter!(
         "gateway_replica_report_errors_total",
         "Ticks at which an engine binary's replica reports could not be made (Redis or the engine did not answer, by model); the time is reported at a later tick"

@@ -19,9 +19,20 @@
 //!
 //! Every interval is therefore reported by the one gateway that advanced
 //! past it: never twice. A reporter killed between 3 and 4 loses that one
-//! interval; the next reporter goes on from where the progress says. A new
-//! engine instance (its counters start again at zero) or a replica first
-//! seen starts a new interval with nothing reported; a replica that died is
+//! interval; the next reporter goes on from where the progress says. The
+//! reports name the engine instance as their reporter (`engine-{instance}`:
+//! the engine is the process hosting the replicas; which gateway carried a
+//! report is in its log), so their ids depend on the interval alone, never
+//! on the gateway that sent them.
+//!
+//! A new engine instance (its counters start again at zero) is reported
+//! from its start if it started less than [`FIRST_INTERVAL_WITHIN`] ago in
+//! the current UTC hour: one report from `started_at` per replica, whose
+//! id any repeat of it carries too (ingest stores it once; a repeat with
+//! other figures is a `conflict` dead letter). An instance found older than
+//! that (Redis lost the progress, or no gateway reached the engine for that
+//! long) starts a new interval with nothing reported, so the time since the
+//! last report is lost rather than counted twice. A replica that died is
 //! reported to its end, once. Redis keeps nothing on disk: if it restarts
 //! empty, the interval in progress is lost, not doubled.
 //!
@@ -32,10 +43,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use engine::upstream::http::HttpUpstream;
+use engine::upstream::RemoteModel;
 use engine::{BusyIdle, GpuTimeReadings, ReplicaGpuTime};
-use metrics::counter;
+use metrics::{counter, gauge};
 use redis::Script;
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +57,10 @@ use super::{interval_reports, Reading};
 use crate::cluster::Cluster;
 use crate::metering::now_ms;
 use crate::outbox::{Outbox, OutboxError};
+
+/// A new engine instance that started less than this long ago (and in
+/// the current UTC hour) is reported from its start; see the module docs.
+pub const FIRST_INTERVAL_WITHIN: Duration = Duration::from_secs(600);
 
 /// Takes the hash unless another live gateway owns it.
 /// KEYS[1] the hash; ARGV[1] this gateway, ARGV[2] the liveness key prefix.
@@ -93,7 +111,7 @@ struct Mark {
 impl Mark {
     fn reading(self) -> Reading {
         Reading {
-            at: chrono::DateTime::from_timestamp_millis(self.at_ms).unwrap_or_default(),
+            at: DateTime::from_timestamp_millis(self.at_ms).unwrap_or_default(),
             time: self.time,
         }
     }
@@ -107,7 +125,8 @@ pub struct RemoteReplicas {
     key: String,
     /// The progress without Redis (a gateway on its own).
     alone: Progress,
-    /// Whether this gateway reported at its last tick (to log changes).
+    /// Whether this gateway reported at its last tick (logged when it
+    /// changes, and on `/metrics` as `gateway_replica_reporter`).
     reporting: bool,
     claim: Script,
     advance: Script,
@@ -151,17 +170,25 @@ impl RemoteReplicas {
         Ok(appended)
     }
 
+    fn set_reporting(&mut self, reporting: bool) {
+        self.reporting = reporting;
+        let c = &self.upstream.config;
+        gauge!("gateway_replica_reporter", "model" => c.model.clone(), "url" => c.url.clone())
+            .set(if reporting { 1.0 } else { 0.0 });
+    }
+
     /// Claims, reads, advances; the reports to append (replica id, JSON).
     async fn advance_progress(&mut self, me: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
         if !self.cluster.has_redis() {
+            self.set_reporting(true);
             let readings = self.upstream.gpu_time().await.map_err(|e| e.to_string())?;
-            let (next, reports) = self.next(&self.alone, &readings, me);
+            let (next, reports) = next(&self.upstream.config, &self.alone, &readings, now_ms());
             self.alone = next;
             return Ok(reports);
         }
         let Some(mut conn) = self.cluster.conn() else {
             // Redis unreachable: whoever reaches it reports.
-            self.reporting = false;
+            self.set_reporting(false);
             return Ok(Vec::new());
         };
         let claimed: Vec<String> = self
@@ -176,7 +203,7 @@ impl RemoteReplicas {
             if self.reporting {
                 tracing::info!(url = %self.upstream.config.url, owner = ?claimed.get(1), "another gateway now reports this engine's replicas");
             }
-            self.reporting = false;
+            self.set_reporting(false);
             return Ok(Vec::new());
         };
         debug_assert_eq!(won, "1");
@@ -187,7 +214,7 @@ impl RemoteReplicas {
                 previous = %previous,
                 "this gateway now reports the engine's replicas"
             );
-            self.reporting = true;
+            self.set_reporting(true);
         }
         let progress: Progress = if progress.is_empty() {
             Progress::default()
@@ -195,7 +222,7 @@ impl RemoteReplicas {
             serde_json::from_str(progress).map_err(|e| format!("progress in {}: {e}", self.key))?
         };
         let readings = self.upstream.gpu_time().await.map_err(|e| e.to_string())?;
-        let (next, reports) = self.next(&progress, &readings, me);
+        let (next, reports) = next(&self.upstream.config, &progress, &readings, now_ms());
         let stored = serde_json::to_string(&next).unwrap_or_default();
         let advanced: i64 = self
             .advance
@@ -207,78 +234,241 @@ impl RemoteReplicas {
             .await
             .map_err(|e| format!("advancing {}: {e}", self.key))?;
         if advanced != 1 {
-            self.reporting = false;
+            self.set_reporting(false);
             tracing::info!(url = %self.upstream.config.url, "another gateway took over this engine's replica reports");
             return Ok(Vec::new());
         }
         Ok(reports)
     }
+}
 
-    /// The progress after `readings` and the reports between the two.
-    fn next(
-        &self,
-        progress: &Progress,
-        readings: &GpuTimeReadings,
-        me: &str,
-    ) -> (Progress, Vec<(String, Vec<u8>)>) {
-        let now = now_ms();
-        let mark = |r: &ReplicaGpuTime| Mark {
-            at_ms: now.timestamp_millis(),
-            time: r.time,
-            finished: r.dead,
+/// The progress after `readings` taken at `now`, and the reports between
+/// the two (replica id, JSON); see the module docs.
+fn next(
+    config: &RemoteModel,
+    progress: &Progress,
+    readings: &GpuTimeReadings,
+    now: DateTime<Utc>,
+) -> (Progress, Vec<(String, Vec<u8>)>) {
+    let mark = |r: &ReplicaGpuTime| Mark {
+        at_ms: now.timestamp_millis(),
+        time: r.time,
+        finished: r.dead,
+    };
+    let served = config.upstream_model.as_deref().unwrap_or(&config.model);
+    let ours: Vec<&ReplicaGpuTime> = readings
+        .replicas
+        .iter()
+        .filter(|r| r.model == served)
+        .collect();
+    let mut next = progress.clone();
+    if progress.instance != readings.instance {
+        // A new engine: its counters were zero at its start.
+        next = Progress {
+            instance: readings.instance.clone(),
+            replicas: BTreeMap::new(),
         };
-        let c = &self.upstream.config;
-        let served = c.upstream_model.as_deref().unwrap_or(&c.model);
-        let ours: Vec<&ReplicaGpuTime> = readings
-            .replicas
-            .iter()
-            .filter(|r| r.model == served)
-            .collect();
-        if progress.instance != readings.instance {
-            // A new engine (or the first reading): counters from zero here.
-            return (
-                Progress {
-                    instance: readings.instance.clone(),
-                    replicas: ours
-                        .iter()
-                        .map(|r| (r.replica_id.clone(), mark(r)))
-                        .collect(),
-                },
-                Vec::new(),
-            );
+        let started = DateTime::from_timestamp_millis(readings.started_at_ms).unwrap_or(now);
+        let recent = started <= now
+            && (now - started)
+                .to_std()
+                .is_ok_and(|d| d <= FIRST_INTERVAL_WITHIN)
+            && super::hour_of(started) == super::hour_of(now);
+        if recent {
+            for r in &ours {
+                let start = Mark {
+                    at_ms: readings.started_at_ms,
+                    time: BusyIdle::default(),
+                    finished: false,
+                };
+                next.replicas.insert(r.replica_id.clone(), start);
+            }
         }
-        let mut next = progress.clone();
-        let mut reports = Vec::new();
-        for r in &ours {
-            let to = mark(r);
-            match next.replicas.insert(r.replica_id.clone(), to) {
-                None => {}
-                Some(from) if from.finished => {
-                    next.replicas.insert(r.replica_id.clone(), from);
-                }
-                Some(from) => {
-                    let billed = ReplicaGpuTime {
-                        replica_id: self.billed_name(&r.replica_id, ours.len()),
-                        model: c.model.clone(),
-                        ..(*r).clone()
-                    };
-                    for report in interval_reports(me, &billed, from.reading(), to.reading()) {
-                        reports.push((billed.replica_id.clone(), report.to_json()));
-                    }
+    }
+    let reporter = format!("engine-{}", readings.instance);
+    let mut reports = Vec::new();
+    for r in &ours {
+        let to = mark(r);
+        match next.replicas.insert(r.replica_id.clone(), to) {
+            // First seen: its first interval starts here.
+            None => {}
+            Some(from) if from.finished => {
+                next.replicas.insert(r.replica_id.clone(), from);
+            }
+            Some(from) => {
+                let billed = ReplicaGpuTime {
+                    replica_id: billed_name(config, &r.replica_id, ours.len()),
+                    model: config.model.clone(),
+                    ..(*r).clone()
+                };
+                for report in interval_reports(&reporter, &billed, from.reading(), to.reading()) {
+                    reports.push((billed.replica_id.clone(), report.to_json()));
                 }
             }
         }
-        (next, reports)
+    }
+    (next, reports)
+}
+
+/// The replica id its usage events carry: the configured `replica_id`
+/// when the engine runs one replica of the model (suffixed with the
+/// engine's own id when it runs several), else the engine's own.
+fn billed_name(config: &RemoteModel, engine_replica: &str, replicas: usize) -> String {
+    match (&config.replica_id, replicas) {
+        (Some(name), 1) => name.clone(),
+        (Some(name), _) => format!("{name}/{engine_replica}"),
+        (None, _) => engine_replica.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rust_decimal::Decimal;
+    use usage_contract::ReplicaReport;
+
+    const T0: i64 = 1_800_000_000_000; // an hour boundary plus 0 ms
+    const HOUR_MS: i64 = 3_600_000;
+
+    fn config(replica_id: Option<&str>) -> RemoteModel {
+        serde_json::from_value(serde_json::json!({
+            "model": "m", "url": "http://e:1", "gpus": 1, "max_context": 1000,
+            "identity_secret_env": "S", "replica_reports": true, "replica_id": replica_id,
+        }))
+        .unwrap()
     }
 
-    /// The replica id its usage events carry: the configured `replica_id`
-    /// when the engine runs one replica of the model (suffixed with the
-    /// engine's own id when it runs several), else the engine's own.
-    fn billed_name(&self, engine_replica: &str, replicas: usize) -> String {
-        match (&self.upstream.config.replica_id, replicas) {
-            (Some(name), 1) => name.clone(),
-            (Some(name), _) => format!("{name}/{engine_replica}"),
-            (None, _) => engine_replica.to_owned(),
+    fn replica(id: &str, model: &str, busy: u64, idle: u64, dead: bool) -> ReplicaGpuTime {
+        ReplicaGpuTime {
+            replica_id: id.into(),
+            model: model.into(),
+            gpus: 1,
+            dedicated_to: None,
+            dead,
+            time: BusyIdle {
+                busy_gpu_micros: busy,
+                idle_gpu_micros: idle,
+                lent_gpu_micros: 0,
+            },
         }
+    }
+
+    fn readings(instance: &str, started_ms: i64, replicas: Vec<ReplicaGpuTime>) -> GpuTimeReadings {
+        GpuTimeReadings {
+            instance: instance.into(),
+            started_at_ms: started_ms,
+            replicas,
+        }
+    }
+
+    fn at(ms: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(ms).unwrap()
+    }
+
+    fn parsed(reports: &[(String, Vec<u8>)]) -> Vec<ReplicaReport> {
+        reports
+            .iter()
+            .map(|(_, json)| serde_json::from_slice(json).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_new_engine_is_reported_from_its_start_when_it_started_minutes_ago() {
+        let read = readings(
+            "i1",
+            T0 + 1_000,
+            vec![
+                replica("m-r0", "m", 2_000_000, 3_000_000, false),
+                replica("x-r0", "x", 9, 9, false),
+            ],
+        );
+        let (progress, reports) = next(&config(None), &Progress::default(), &read, at(T0 + 6_000));
+        let reports = parsed(&reports);
+        assert_eq!(reports.len(), 1, "only the upstream's own model");
+        let r = &reports[0];
+        assert_eq!(
+            (r.interval_start, r.interval_end),
+            (at(T0 + 1_000), at(T0 + 6_000))
+        );
+        assert_eq!(r.busy_gpu_seconds, Decimal::new(2, 0));
+        assert_eq!(r.idle_gpu_seconds, Decimal::new(3, 0));
+        assert_eq!(r.reporter_id, "engine-i1");
+        assert_eq!(
+            r.report_id,
+            ReplicaReport::id_for("engine-i1", "m-r0", at(T0 + 1_000))
+        );
+        assert_eq!(progress.replicas["m-r0"].at_ms, T0 + 6_000);
+        // The same readings again from an empty progress (Redis lost it):
+        // the same report id, which ingest stores once.
+        let (_, again) = next(&config(None), &Progress::default(), &read, at(T0 + 7_000));
+        assert_eq!(parsed(&again)[0].report_id, r.report_id);
+    }
+
+    #[test]
+    fn an_engine_found_long_running_or_across_an_hour_starts_a_new_interval_unreported() {
+        for (started, now) in [
+            (T0, T0 + 11 * 60_000),     // older than the window
+            (T0 - 60_000, T0 + 60_000), // two minutes, but across an hour
+        ] {
+            let read = readings("i1", started, vec![replica("m-r0", "m", 5, 5, false)]);
+            let (progress, reports) = next(&config(None), &Progress::default(), &read, at(now));
+            assert!(reports.is_empty());
+            assert_eq!(progress.instance, "i1");
+            assert_eq!(progress.replicas["m-r0"].at_ms, now);
+            assert_eq!(progress.replicas["m-r0"].time.busy_gpu_micros, 5);
+        }
+    }
+
+    #[test]
+    fn the_same_engine_is_reported_by_difference_and_a_dead_replica_once() {
+        let first = readings("i1", T0, vec![replica("m-r0", "m", 1_000_000, 0, false)]);
+        let (p1, _) = next(
+            &config(Some("named")),
+            &Progress::default(),
+            &first,
+            at(T0 + 1_000),
+        );
+        let dead = readings(
+            "i1",
+            T0,
+            vec![replica("m-r0", "m", 1_500_000, 250_000, true)],
+        );
+        let (p2, reports) = next(&config(Some("named")), &p1, &dead, at(T0 + 2_000));
+        let reports = parsed(&reports);
+        assert_eq!(reports.len(), 1);
+        assert_eq!(
+            reports[0].replica_id, "named",
+            "the configured replica_id, as its events"
+        );
+        assert_eq!(reports[0].busy_gpu_seconds, Decimal::new(5, 1));
+        assert_eq!(reports[0].idle_gpu_seconds, Decimal::new(25, 2));
+        assert_eq!(reports[0].interval_start, at(T0 + 1_000));
+        let (p3, reports) = next(&config(Some("named")), &p2, &dead, at(T0 + 3_000));
+        assert!(
+            reports.is_empty(),
+            "a dead replica is reported to its end once"
+        );
+        assert_eq!(p3, p2);
+        // Another instance of the engine (restarted an hour later): no
+        // difference is taken across the two.
+        let restarted = readings("i2", T0 + HOUR_MS, vec![replica("m-r0", "m", 7, 7, false)]);
+        let (p4, reports) = next(
+            &config(Some("named")),
+            &p3,
+            &restarted,
+            at(T0 + HOUR_MS + 1_000),
+        );
+        let reports = parsed(&reports);
+        assert_eq!(reports.len(), 1);
+        assert_eq!(reports[0].interval_start, at(T0 + HOUR_MS));
+        assert_eq!(reports[0].busy_gpu_seconds, Decimal::new(7, 6));
+        assert_eq!(p4.instance, "i2");
+    }
+
+    #[test]
+    fn several_replicas_of_a_named_upstream_are_told_apart() {
+        let c = config(Some("named"));
+        assert_eq!(billed_name(&c, "m-r1", 2), "named/m-r1");
+        assert_eq!(billed_name(&config(None), "m-r1", 2), "m-r1");
     }
 }

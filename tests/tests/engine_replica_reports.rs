@@ -1,0 +1,239 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+//! An `engine` binary behind two gateways has its replicas reported once,
+//! by one gateway at a time: the reports of its replica tile time from the
+//! engine's start with no gap and no overlap, the reporter changes only
+//! when the one reporting is SIGKILLed (the other takes over within the
+//! 15 s liveness expiry and goes on from where the progress in Redis
+//! stopped), a restarted gateway does not take the reports back while the
+//! other lives, and the busy GPU-seconds reported equal, to the
+//! microsecond, the GPU time billed to the requests that ran on the
+//! replica.
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde_json::json;
+use tests::engine::{random_secret, start_engine, SECRET_ENV};
+use tests::gateway::{seed_tenant, start_gateway_with, start_ingest, wait_for_log, TenantLimits};
+use tests::{Service, TestStack};
+
+const KEY: &str = "sk-test-engine-reports-0001";
+const MODEL: &str = "llama-3.1-8b";
+/// The engine's one replica of the model (the usage events name it too).
+const REPLICA: &str = "llama-3.1-8b-r0";
+
+/// Gateway `id` with its own outbox in front of the engine's upstreams file.
+async fn gateway(stack: &TestStack, id: &str, upstreams: &str, secret: &str) -> (Service, String) {
+    start_gateway_with(
+        stack,
+        20,
+        &[
+            ("GATEWAY_ID", id.to_owned()),
+            (
+                "GATEWAY_OUTBOX",
+                stack
+                    .dir
+                    .path()
+                    .join(format!("outbox-{id}"))
+                    .display()
+                    .to_string(),
+            ),
+            ("GATEWAY_UPSTREAMS", upstreams.to_owned()),
+            ("GATEWAY_REPLICA_REPORT_SECS", "1".into()),
+            (SECRET_ENV, secret.to_owned()),
+        ],
+    )
+    .await
+}
+
+/// Sends `n` requests through `url`, each answered 200.
+async fn traffic(url: &str, n: usize, tag: &str) {
+    let client = reqwest::Client::new();
+    let mut sent = Vec::new();
+    for i in 0..n {
+        let (client, url) = (client.clone(), url.to_owned());
+        let body = json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": format!("{tag} {i}")}],
+            "max_tokens": 30,
+            "stream": i % 2 == 0,
+        });
+        sent.push(tokio::spawn(async move {
+            let res = client
+                .post(format!("{url}/v1/chat/completions"))
+                .bearer_auth(KEY)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+            res.bytes().await.unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    for s in sent {
+        s.await.unwrap();
+    }
+}
+
+type Row = (String, DateTime<Utc>, DateTime<Utc>, Decimal, Decimal);
+
+/// The replica's reports in time order: (reporter, start, end, busy, idle).
+async fn reports(stack: &TestStack) -> Vec<Row> {
+    sqlx::query_as(
+        "SELECT reporter_id, interval_start, interval_end, busy_gpu_seconds, idle_gpu_seconds
+         FROM replica_reports WHERE replica_id = $1 ORDER BY interval_start, interval_end",
+    )
+    .bind(REPLICA)
+    .fetch_all(&stack.pool)
+    .await
+    .unwrap()
+}
+
+/// Whether the gateway at `url` is the engine's reporter now
+/// (`gateway_replica_reporter` on its `/metrics`).
+async fn reports_now(url: &str) -> bool {
+    tests::gateway::metrics(url)
+        .await
+        .lines()
+        .any(|l| l.starts_with("gateway_replica_reporter{") && l.ends_with(" 1"))
+}
+
+/// Waits until the gateway at `url` is the reporter.
+async fn wait_reporter(url: &str, within: Duration, logs: &[&Service]) {
+    let deadline = Instant::now() + within;
+    while !reports_now(url).await {
+        let tails: Vec<String> = logs.iter().map(|s| s.log_tail()).collect();
+        assert!(
+            Instant::now() < deadline,
+            "{url} not the reporter within {within:?}:\n{}",
+            tails.join("\n---\n")
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until the stored reports stop changing (the outboxes drained).
+async fn settled(stack: &TestStack) -> Vec<Row> {
+    let mut last = reports(stack).await;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(750)).await;
+        let now = reports(stack).await;
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    panic!("replica reports still arriving after 45 s")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_gateway_at_a_time_reports_the_engines_replicas_and_a_killed_one_is_replaced_without_gap_or_overlap(
+) {
+    let stack = TestStack::new("enginereports").await;
+    let limits = TenantLimits {
+        rpm: Some(100_000),
+        tpm: Some(100_000_000),
+        ..Default::default()
+    };
+    seed_tenant(&stack, "reported-co", KEY, limits).await;
+    let secret = random_secret();
+    let (engine, engine_url) = start_engine(stack.dir.path(), 20, &secret).await;
+    let upstreams = stack.dir.path().join("upstreams.yaml");
+    std::fs::write(
+        &upstreams,
+        format!(
+            "upstreams:\n  - model: {MODEL}\n    url: {engine_url}\n    gpus: 1\n    max_context: 131072\n    kv_poll_ms: 0\n    identity_secret_env: {SECRET_ENV}\n    replica_reports: true\n"
+        ),
+    )
+    .unwrap();
+    let upstreams = upstreams.display().to_string();
+    let (mut a, a_url) = gateway(&stack, "gw-a", &upstreams, &secret).await;
+    let (mut b, b_url) = gateway(&stack, "gw-b", &upstreams, &secret).await;
+    let ingest = start_ingest(&stack);
+
+    traffic(&a_url, 10, "through a").await;
+    traffic(&b_url, 10, "through b").await;
+    // Both tick every second; exactly one of them is the reporter.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (a_reports, b_reports) = (reports_now(&a_url).await, reports_now(&b_url).await);
+    assert!(
+        a_reports != b_reports,
+        "one reporter while both live (a: {a_reports}, b: {b_reports})\n{}\n---\n{}",
+        a.log_tail(),
+        b.log_tail()
+    );
+    let (first, survivor, survivor_url) = if a_reports {
+        ("gw-a", "gw-b", b_url.clone())
+    } else {
+        ("gw-b", "gw-a", a_url.clone())
+    };
+
+    // The reporter dies; the other takes over once its liveness key expires.
+    let killed = if a_reports { &mut a } else { &mut b };
+    killed.kill9().await;
+    traffic(&survivor_url, 10, "after the kill").await;
+    wait_reporter(&survivor_url, Duration::from_secs(45), &[&engine, &ingest]).await;
+    // The killed gateway comes back on its own outbox (what it had not yet
+    // published goes out) and does not take the reports back.
+    let (mut back, back_url) = gateway(&stack, first, &upstreams, &secret).await;
+    traffic(&survivor_url, 6, "after the restart").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !reports_now(&back_url).await,
+        "{first} took the reports back"
+    );
+    assert!(
+        reports_now(&survivor_url).await,
+        "{survivor} stopped reporting"
+    );
+    assert!(back.terminate(Duration::from_secs(30)).await.is_some());
+    // The survivor's graceful stop reports the last interval.
+    let survivor_service = if a_reports { &mut b } else { &mut a };
+    assert!(survivor_service
+        .terminate(Duration::from_secs(30))
+        .await
+        .is_some());
+    wait_for_log(&stack, "reported-co", 36, &[&ingest, &engine]).await;
+    let rows = settled(&stack).await;
+
+    // The engine is the reporter of its replicas, whichever gateway sent it.
+    let mut reporters: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    reporters.dedup();
+    assert!(
+        reporters.len() == 1 && reporters[0].starts_with("engine-"),
+        "{reporters:?}"
+    );
+    // The intervals tile time: each starts where the last ended.
+    for pair in rows.windows(2) {
+        assert_eq!(
+            pair[0].2, pair[1].1,
+            "a gap or an overlap between {:?} and {:?}",
+            pair[0], pair[1]
+        );
+    }
+    // Busy time reported = GPU time billed to the replica's requests, exactly.
+    let busy: Decimal = rows.iter().map(|r| r.3).sum();
+    let billed = stack
+        .decimal(&format!(
+            "SELECT sum(gpu_seconds) FROM request_log WHERE replica_id = '{REPLICA}'"
+        ))
+        .await;
+    assert!(billed > Decimal::ZERO);
+    let by_kind: Vec<(bool, Decimal, i64)> = sqlx::query_as(
+        "SELECT stream, sum(gpu_seconds), count(*) FROM request_log GROUP BY stream",
+    )
+    .fetch_all(&stack.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        busy, billed,
+        "reported busy vs billed GPU-seconds; billed by stream: {by_kind:?}; reports: {rows:?}"
+    );
+    let idle: Decimal = rows.iter().map(|r| r.4).sum();
+    assert!(
+        idle > Decimal::ZERO,
+        "the idle time between requests is reported"
+    );
+}
