@@ -3,9 +3,9 @@
 //! chat completion only with an `x-meterline-identity` signed by the secret
 //! it was started with. An unsigned request (a plain `x-tenant-id` too), one
 //! signed with another secret and an expired token are 401
-//! `invalid_identity`; the gateway, given the same secret through its
-//! upstreams file, gets through; without a valid `ENGINE_IDENTITY_SECRET` the
-//! binary does not start.
+//! `invalid_identity` (so is a read of its replicas' GPU time); the
+//! gateway, given the same secret through its upstreams file, gets through;
+//! without a valid `ENGINE_IDENTITY_SECRET` the binary does not start.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -64,6 +64,28 @@ async fn the_engine_serves_only_identities_signed_with_its_secret() {
         );
         assert_eq!(err["error"]["message"], message, "{what}: {err}");
     }
+    // Its replicas' GPU time (what idle capacity is billed from) is
+    // signed too; with the identity, it is every replica's counters.
+    let gpu_time = format!("{engine_url}{}", engine::GPU_TIME_PATH);
+    let res = client.get(&gpu_time).send().await.unwrap();
+    assert_eq!(res.status(), 401);
+    let err: Value = res.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "invalid_identity", "{err}");
+    let res = client
+        .get(&gpu_time)
+        .header(
+            HEADER,
+            signer(&secret).sign("reporter", ServiceClass::Standard, now()),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let readings: engine::GpuTimeReadings = res.json().await.unwrap();
+    assert!(
+        readings.replicas.iter().any(|r| r.model == MODEL),
+        "{readings:?}"
+    );
     // The read-only endpoints need no identity.
     for path in ["/v1/models", "/metrics", "/health"] {
         let res = client
