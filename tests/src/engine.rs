@@ -45,12 +45,27 @@ pub const HEADER: &str = identity::HEADER;
 /// Starts the `engine` binary on a free port at `speedup`, checking
 /// identities with `secret`; waits until it is healthy. Its base URL.
 pub async fn start_engine(dir: &Path, speedup: u32, secret: &str) -> (Service, String) {
+    start_engine_with(dir, speedup, secret, &[]).await
+}
+
+/// [`start_engine`] with more settings (`ENGINE_REPLICAS`, …).
+pub async fn start_engine_with(
+    dir: &Path,
+    speedup: u32,
+    secret: &str,
+    settings: &[(&str, &str)],
+) -> (Service, String) {
     let port = free_port();
-    let env = HashMap::from([
+    let mut env = HashMap::from([
         ("ENGINE_ADDR".to_owned(), format!("127.0.0.1:{port}")),
         ("ENGINE_SPEEDUP".to_owned(), speedup.to_string()),
         (SECRET_ENV.to_owned(), secret.to_owned()),
     ]);
+    env.extend(
+        settings
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
     let mut engine =
         Service::start("engine", "engine", &[], env, dir).unwrap_or_else(|e| panic!("{e}"));
     let url = format!("http://127.0.0.1:{port}");

@@ -1,27 +1,28 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-//! An `engine` binary behind two gateways has its replicas reported once,
-//! by one gateway at a time: the reports of its replica tile time from the
-//! engine's start with no gap and no overlap, the reporter changes only
-//! when the one reporting is SIGKILLed (the other takes over within the
-//! 15 s liveness expiry and goes on from where the progress in Redis
-//! stopped), a restarted gateway does not take the reports back while the
-//! other lives, and the busy GPU-seconds reported equal, to the
-//! microsecond, the GPU time billed to the requests that ran on the
-//! replica.
+//! An `engine` binary behind two gateways — two replicas of a model, one
+//! dedicated to a tenant — has its replicas reported once, by one gateway
+//! at a time: each replica's reports tile time from the engine's start with
+//! no gap and no overlap; the reporter changes only when the one reporting
+//! is SIGKILLed (the other takes over within the 15 s liveness expiry and
+//! goes on from where the progress in Redis stopped); a restarted gateway
+//! does not take the reports back while the other lives; each replica's
+//! busy GPU-seconds equal, to the microsecond, the GPU time billed to the
+//! requests that ran on it; and the dedicated replica's time reaches its
+//! owner's reserved capacity.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde_json::json;
-use tests::engine::{random_secret, start_engine, SECRET_ENV};
+use tests::engine::{random_secret, start_engine_with, SECRET_ENV};
 use tests::gateway::{seed_tenant, start_gateway_with, start_ingest, wait_for_log, TenantLimits};
 use tests::{Service, TestStack};
 
-const KEY: &str = "sk-test-engine-reports-0001";
+const OWNER: &str = "sk-test-engine-reports-owner";
+const OTHER: &str = "sk-test-engine-reports-other";
 const MODEL: &str = "llama-3.1-8b";
-/// The engine's one replica of the model (the usage events name it too).
-const REPLICA: &str = "llama-3.1-8b-r0";
 
 /// Gateway `id` with its own outbox in front of the engine's upstreams file.
 async fn gateway(stack: &TestStack, id: &str, upstreams: &str, secret: &str) -> (Service, String) {
@@ -47,22 +48,24 @@ async fn gateway(stack: &TestStack, id: &str, upstreams: &str, secret: &str) -> 
     .await
 }
 
-/// Sends `n` requests through `url`, each answered 200.
+/// Sends `n` requests through `url`, the owner's and the other tenant's in
+/// turn, each answered 200.
 async fn traffic(url: &str, n: usize, tag: &str) {
     let client = reqwest::Client::new();
     let mut sent = Vec::new();
     for i in 0..n {
         let (client, url) = (client.clone(), url.to_owned());
+        let key = if i % 2 == 0 { OWNER } else { OTHER };
         let body = json!({
             "model": MODEL,
             "messages": [{"role": "user", "content": format!("{tag} {i}")}],
             "max_tokens": 30,
-            "stream": i % 2 == 0,
+            "stream": i % 4 < 2,
         });
         sent.push(tokio::spawn(async move {
             let res = client
                 .post(format!("{url}/v1/chat/completions"))
-                .bearer_auth(KEY)
+                .bearer_auth(key)
                 .json(&body)
                 .send()
                 .await
@@ -77,18 +80,43 @@ async fn traffic(url: &str, n: usize, tag: &str) {
     }
 }
 
-type Row = (String, DateTime<Utc>, DateTime<Utc>, Decimal, Decimal);
+/// One stored report: (replica, dedicated to, reporter, start, end, busy, idle).
+type Row = (
+    String,
+    Option<String>,
+    String,
+    DateTime<Utc>,
+    DateTime<Utc>,
+    Decimal,
+    Decimal,
+);
 
-/// The replica's reports in time order: (reporter, start, end, busy, idle).
+/// The model's reports in time order per replica.
 async fn reports(stack: &TestStack) -> Vec<Row> {
     sqlx::query_as(
-        "SELECT reporter_id, interval_start, interval_end, busy_gpu_seconds, idle_gpu_seconds
-         FROM replica_reports WHERE replica_id = $1 ORDER BY interval_start, interval_end",
+        "SELECT replica_id, dedicated_to, reporter_id, interval_start, interval_end,
+                busy_gpu_seconds, idle_gpu_seconds
+         FROM replica_reports WHERE model = $1
+         ORDER BY replica_id, interval_start, interval_end",
     )
-    .bind(REPLICA)
+    .bind(MODEL)
     .fetch_all(&stack.pool)
     .await
     .unwrap()
+}
+
+/// Waits until the stored reports stop changing (the outboxes drained).
+async fn settled(stack: &TestStack) -> Vec<Row> {
+    let mut last = reports(stack).await;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(750)).await;
+        let now = reports(stack).await;
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    panic!("replica reports still arriving after 45 s")
 }
 
 /// Whether the gateway at `url` is the engine's reporter now
@@ -114,20 +142,6 @@ async fn wait_reporter(url: &str, within: Duration, logs: &[&Service]) {
     }
 }
 
-/// Waits until the stored reports stop changing (the outboxes drained).
-async fn settled(stack: &TestStack) -> Vec<Row> {
-    let mut last = reports(stack).await;
-    for _ in 0..60 {
-        tokio::time::sleep(Duration::from_millis(750)).await;
-        let now = reports(stack).await;
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
-    panic!("replica reports still arriving after 45 s")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_gateway_at_a_time_reports_the_engines_replicas_and_a_killed_one_is_replaced_without_gap_or_overlap(
 ) {
@@ -137,9 +151,19 @@ async fn one_gateway_at_a_time_reports_the_engines_replicas_and_a_killed_one_is_
         tpm: Some(100_000_000),
         ..Default::default()
     };
-    seed_tenant(&stack, "reported-co", KEY, limits).await;
+    seed_tenant(&stack, "owner-co", OWNER, limits).await;
+    seed_tenant(&stack, "other-co", OTHER, limits).await;
     let secret = random_secret();
-    let (engine, engine_url) = start_engine(stack.dir.path(), 20, &secret).await;
+    let (engine, engine_url) = start_engine_with(
+        stack.dir.path(),
+        20,
+        &secret,
+        &[
+            ("ENGINE_REPLICAS", "llama-3.1-8b=2"),
+            ("ENGINE_DEDICATED", "llama-3.1-8b:owner-co=1"),
+        ],
+    )
+    .await;
     let upstreams = stack.dir.path().join("upstreams.yaml");
     std::fs::write(
         &upstreams,
@@ -195,45 +219,70 @@ async fn one_gateway_at_a_time_reports_the_engines_replicas_and_a_killed_one_is_
         .terminate(Duration::from_secs(30))
         .await
         .is_some());
-    wait_for_log(&stack, "reported-co", 36, &[&ingest, &engine]).await;
+    wait_for_log(&stack, "owner-co", 18, &[&ingest, &engine]).await;
+    wait_for_log(&stack, "other-co", 18, &[&ingest, &engine]).await;
     let rows = settled(&stack).await;
 
-    // The engine is the reporter of its replicas, whichever gateway sent it.
-    let mut reporters: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
-    reporters.dedup();
-    assert!(
-        reporters.len() == 1 && reporters[0].starts_with("engine-"),
-        "{reporters:?}"
-    );
-    // The intervals tile time: each starts where the last ended.
-    for pair in rows.windows(2) {
-        assert_eq!(
-            pair[0].2, pair[1].1,
-            "a gap or an overlap between {:?} and {:?}",
-            pair[0], pair[1]
-        );
+    let mut by_replica: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
+    for row in &rows {
+        by_replica.entry(row.0.as_str()).or_default().push(row);
     }
-    // Busy time reported = GPU time billed to the replica's requests, exactly.
-    let busy: Decimal = rows.iter().map(|r| r.3).sum();
-    let billed = stack
-        .decimal(&format!(
-            "SELECT sum(gpu_seconds) FROM request_log WHERE replica_id = '{REPLICA}'"
-        ))
-        .await;
-    assert!(billed > Decimal::ZERO);
-    let by_kind: Vec<(bool, Decimal, i64)> = sqlx::query_as(
-        "SELECT stream, sum(gpu_seconds), count(*) FROM request_log GROUP BY stream",
-    )
-    .fetch_all(&stack.pool)
-    .await
-    .unwrap();
     assert_eq!(
-        busy, billed,
-        "reported busy vs billed GPU-seconds; billed by stream: {by_kind:?}; reports: {rows:?}"
+        by_replica.keys().copied().collect::<Vec<_>>(),
+        ["llama-3.1-8b-r0", "llama-3.1-8b-r1"],
+        "both replicas reported"
     );
-    let idle: Decimal = rows.iter().map(|r| r.4).sum();
+    for (replica, rows) in &by_replica {
+        // The engine is the reporter of its replicas, whichever gateway sent it.
+        assert!(
+            rows.iter()
+                .all(|r| r.2 == rows[0].2 && r.2.starts_with("engine-")),
+            "{replica}: {rows:?}"
+        );
+        // The intervals tile time: each starts where the last ended.
+        for pair in rows.windows(2) {
+            assert_eq!(
+                pair[0].4, pair[1].3,
+                "{replica}: a gap or an overlap between {:?} and {:?}",
+                pair[0], pair[1]
+            );
+        }
+        // Busy time reported = GPU time billed to its requests, exactly.
+        let busy: Decimal = rows.iter().map(|r| r.5).sum();
+        let billed = stack
+            .decimal(&format!(
+                "SELECT coalesce(sum(gpu_seconds), 0) FROM request_log WHERE replica_id = '{replica}'"
+            ))
+            .await;
+        assert_eq!(
+            busy, billed,
+            "{replica}: reported busy vs billed GPU-seconds"
+        );
+        let idle: Decimal = rows.iter().map(|r| r.6).sum();
+        assert!(idle > Decimal::ZERO, "{replica}: idle time is reported");
+    }
+    // The dedicated replica's time is its owner's reserved capacity.
+    let dedicated: Vec<&&Row> = by_replica
+        .values()
+        .flatten()
+        .filter(|r| r.1.as_deref() == Some("owner-co"))
+        .collect();
     assert!(
-        idle > Decimal::ZERO,
-        "the idle time between requests is reported"
+        !dedicated.is_empty(),
+        "one replica is dedicated to owner-co"
     );
+    let reserved = stack
+        .decimal(
+            "SELECT sum(busy_gpu_seconds + idle_gpu_seconds) FROM dedicated_capacity_hourly
+             WHERE owner_id = 'owner-co'",
+        )
+        .await;
+    let reported: Decimal = dedicated.iter().map(|r| r.5 + r.6).sum();
+    assert_eq!(reserved, reported, "owner-co's reserved GPU-seconds");
+    let owners_on_it = stack
+        .count(
+            "SELECT count(*) FROM request_log WHERE tenant_id = 'owner-co' AND dedicated_to = 'owner-co'",
+        )
+        .await;
+    assert!(owners_on_it > 0, "the owner's requests ran on its replica");
 }
