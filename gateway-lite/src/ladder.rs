@@ -2,8 +2,9 @@
 //! second it looks at the simulated models and the SLO windows and sets
 //! each priority's share of its tenants' requests/s bucket.
 //!
-//! - **Saturated**: every replica of a simulated model is past the
-//!   best-effort threshold (60% of its KV) and requests of any priority
+//! - **Saturated**: every shared replica of a simulated model (dedicated
+//!   ones are their owners' room, not the pool's) is past the best-effort
+//!   threshold (60% of its KV) and requests of any priority
 //!   wait in its fair queue, that queue not shrinking: the pool serves
 //!   less than is offered to it. It stays saturated until the queue is
 //!   empty. Then priority 1 is refused (429 `degraded`), 2 keeps 25% of its
@@ -87,8 +88,8 @@ impl Ladder {
         std::array::from_fn(|i| self.percent[i].load(Ordering::Relaxed))
     }
 
-    /// One look: `models` are (model, its replicas' KV usage 0–1, how many
-    /// requests wait in its queue now); `windows` the SLO windows.
+    /// One look: `models` are (model, its shared replicas' KV usage 0–1,
+    /// how many requests wait in its queue now); `windows` the SLO windows.
     pub fn evaluate(
         &self,
         models: &[(String, Vec<f64>, usize)],

@@ -91,17 +91,13 @@ impl AppState {
             let mut tick = tokio::time::interval(crate::ladder::EVERY);
             loop {
                 tick.tick().await;
-                let snapshots = engine.simulator().snapshots();
+                let sim = engine.simulator();
                 let models: Vec<(String, Vec<f64>, usize)> = engine
                     .models()
                     .iter()
                     .filter(|m| queues.serves(&m.name))
                     .map(|m| {
-                        let kv = snapshots
-                            .iter()
-                            .filter(|s| s.model == m.name)
-                            .map(|s| s.kv_usage)
-                            .collect();
+                        let kv = sim.shared_kv_usage(&m.name);
                         (m.name.clone(), kv, queues.depth(&m.name))
                     })
                     .collect();
