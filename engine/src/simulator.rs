@@ -118,20 +118,6 @@ impl Simulator {
             .collect()
     }
 
-    /// The KV usage (0–1) of each live replica of `model` that is not
-    /// dedicated to a tenant: the shared capacity whose filling up the
-    /// gateway's ladder calls saturation (a dedicated replica busy with
-    /// its owner's small requests is no room for anyone else).
-    pub fn shared_kv_usage(&self, model: &str) -> Vec<f64> {
-        self.pools
-            .iter()
-            .filter(|p| p.profile.name == model)
-            .flat_map(|p| &p.replicas)
-            .filter(|h| h.owner.is_none() && !h.dead.load(Ordering::Acquire))
-            .filter_map(|h| h.snapshot.lock().ok().map(|s| s.kv_usage))
-            .collect()
-    }
-
     /// Every replica's GPU time since it started, busy and idle, for the
     /// replica reports that bill idle and dedicated capacity. Starts the
     /// replicas not started yet (their idle time counts from then on); a

@@ -167,43 +167,6 @@ async fn a_dedicated_replica_is_its_owners_while_it_runs_there_and_lent_when_idl
 }
 
 #[tokio::test]
-async fn the_shared_kv_usage_leaves_the_dedicated_replicas_out() {
-    let mut profiles = ModelProfile::reference();
-    ModelProfile::set_replicas(&mut profiles, &format!("{MODEL}=4")).unwrap();
-    ModelProfile::set_dedicated(&mut profiles, &format!("{MODEL}:acme=2")).unwrap();
-    let sim = Simulator::new(profiles, 1);
-    let mut running = Vec::new();
-    for n in 0..12 {
-        let g = sim
-            .start(
-                &CompletionRequest {
-                    tenant_id: "codegen".into(),
-                    ..req(n)
-                },
-                false,
-            )
-            .await
-            .unwrap();
-        running.push(g);
-    }
-    let shared = sim.shared_kv_usage(MODEL);
-    let mut want: Vec<f64> = sim
-        .snapshots()
-        .into_iter()
-        .filter(|s| {
-            s.model == MODEL && !s.replica_id.ends_with("-r0") && !s.replica_id.ends_with("-r1")
-        })
-        .map(|s| s.kv_usage)
-        .collect();
-    assert_eq!(shared.len(), 2, "the two shared replicas of four");
-    let mut got = shared.clone();
-    got.sort_by(f64::total_cmp);
-    want.sort_by(f64::total_cmp);
-    assert_eq!(got, want);
-    assert!(sim.shared_kv_usage("no-such-model").is_empty());
-}
-
-#[tokio::test]
 async fn an_owner_waiting_for_room_keeps_its_replicas_from_being_lent() {
     let mut profiles = ModelProfile::reference();
     ModelProfile::set_replicas(&mut profiles, &format!("{MODEL}=2")).unwrap();

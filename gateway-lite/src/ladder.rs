@@ -2,16 +2,17 @@
 //! second it looks at the simulated models and the SLO windows and sets
 //! each priority's share of its tenants' requests/s bucket.
 //!
-//! - **Saturated**: every shared replica of a simulated model (dedicated
-//!   ones are their owners' room, not the pool's) is past the best-effort
-//!   threshold (60% of its KV) and requests of any priority
-//!   wait in its fair queue, that queue not shrinking: the pool serves
-//!   less than is offered to it. It stays saturated until the queue is
-//!   empty. Then priority 1 is refused (429 `degraded`), 2 keeps 25% of its
-//!   rate, 3 keeps 50%. The lowest levels' own backlog counts: a burst of
-//!   priority 1 that the pool cannot serve is turned away at the door
-//!   instead of waiting and then running in batches too large to meet its
-//!   own end-to-end objective (the noisy-neighbour drill's codegen).
+//! - **Saturated**: requests of any priority wait in a simulated model's
+//!   fair queue at two looks a second apart, the queue not shrinking:
+//!   every replica they may use refused them for their class (the
+//!   pool's own refusals, not its KV readings, which lag admission while
+//!   long prefills run), and more arrive than leave. It stays saturated
+//!   until the queue is empty. Then priority 1 is refused (429 `degraded`),
+//!   2 keeps 25% of its rate, 3 keeps 50%. The lowest levels' own backlog
+//!   counts: a burst of priority 1 that the pool cannot serve is turned
+//!   away at the door instead of waiting and then running in batches too
+//!   large to meet its own end-to-end objective (the noisy-neighbour
+//!   drill's codegen).
 //! - **SLO pressure**: a tenant whose window's p95 is at 80% of its
 //!   objective or more borrows from the priorities below it, one more
 //!   level each second (1, then 2, then 3; never 4 for a priority-5
@@ -33,10 +34,6 @@ use fleet::ladder::{rate_percent, Borrowing};
 
 /// How often the ladder is re-evaluated.
 pub const EVERY: Duration = Duration::from_secs(1);
-/// A replica past this share of its KV counts towards saturation (the
-/// best-effort class's admission threshold: above it only standard and
-/// reserved requests start).
-const SATURATED_KV: f64 = 0.60;
 
 /// Each priority's share of its rate, percent; cheap to clone.
 #[derive(Clone)]
@@ -88,23 +85,23 @@ impl Ladder {
         std::array::from_fn(|i| self.percent[i].load(Ordering::Relaxed))
     }
 
-    /// One look: `models` are (model, its shared replicas' KV usage 0–1,
-    /// how many requests wait in its queue now); `windows` the SLO windows.
+    /// One look: `models` are (model, how many requests wait in its queue
+    /// now); `windows` the SLO windows.
     pub fn evaluate(
         &self,
-        models: &[(String, Vec<f64>, usize)],
+        models: &[(String, usize)],
         windows: &fleet::slo::Windows,
         now: Instant,
     ) -> [u32; 5] {
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let mut saturated = false;
-        for (model, kv, depth) in models {
+        for (model, depth) in models {
             let before = st.depth.insert(model.clone(), *depth).unwrap_or(0);
-            let full = !kv.is_empty() && kv.iter().all(|u| *u >= SATURATED_KV);
-            // Saturated when the queue grows or holds; it stays so until
-            // the queue is empty (one dip does not end it).
+            // Saturated when the queue held at two looks a second apart and
+            // did not shrink; it stays so until the queue is empty (one dip
+            // does not end it). A request waiting a moment is not enough.
             let was = st.saturated.contains(model);
-            let now_saturated = full && *depth > 0 && (*depth >= before || was);
+            let now_saturated = *depth > 0 && ((before > 0 && *depth >= before) || was);
             if now_saturated {
                 st.saturated.insert(model.clone());
             } else {

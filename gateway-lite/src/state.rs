@@ -91,15 +91,11 @@ impl AppState {
             let mut tick = tokio::time::interval(crate::ladder::EVERY);
             loop {
                 tick.tick().await;
-                let sim = engine.simulator();
-                let models: Vec<(String, Vec<f64>, usize)> = engine
+                let models: Vec<(String, usize)> = engine
                     .models()
                     .iter()
                     .filter(|m| queues.serves(&m.name))
-                    .map(|m| {
-                        let kv = sim.shared_kv_usage(&m.name);
-                        (m.name.clone(), kv, queues.depth(&m.name))
-                    })
+                    .map(|m| (m.name.clone(), queues.depth(&m.name)))
                     .collect();
                 ladder.evaluate(&models, &slo, std::time::Instant::now());
             }

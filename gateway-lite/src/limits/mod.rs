@@ -1184,9 +1184,12 @@ mod tests {
         }));
         let t0 = Instant::now();
         drop(admit(&l, &low(None), "m", 10, t0).await.unwrap());
-        // Every replica past 60% with standard work waiting: saturated.
+        // Requests waiting at one look: not yet (a moment's wait is not
+        // saturation); still as many at the next: saturated.
         let windows = fleet::slo::Windows::default();
-        ladder.evaluate(&[("m".into(), vec![0.9, 0.95], 3)], &windows, t0);
+        ladder.evaluate(&[("m".into(), 3)], &windows, t0);
+        assert_eq!(ladder.percent(1), 100, "one look is not enough");
+        ladder.evaluate(&[("m".into(), 3)], &windows, t0);
         assert_eq!(ladder.percent(1), 0);
         for c in [low(None), limited] {
             let r = admit(&l, &c, "m", 10, t0).await.unwrap_err();
@@ -1197,7 +1200,7 @@ mod tests {
             .await
             .is_ok());
         // The queue empties: priority 1 is back.
-        ladder.evaluate(&[("m".into(), vec![0.9, 0.95], 0)], &windows, t0);
+        ladder.evaluate(&[("m".into(), 0)], &windows, t0);
         drop(admit(&l, &low(None), "m", 10, t0).await.unwrap());
     }
 
