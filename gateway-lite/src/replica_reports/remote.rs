@@ -198,7 +198,10 @@ impl RemoteReplicas {
             .arg(self.cluster.alive_key(""))
             .invoke_async(&mut conn)
             .await
-            .map_err(|e| format!("claiming {}: {e}", self.key))?;
+            .map_err(|e| {
+                self.cluster.failed(&e);
+                format!("claiming {}: {e}", self.key)
+            })?;
         let [won, previous, version, progress] = claimed.as_slice() else {
             if self.reporting {
                 tracing::info!(url = %self.upstream.config.url, owner = ?claimed.get(1), "another gateway now reports this engine's replicas");
@@ -216,11 +219,15 @@ impl RemoteReplicas {
             );
             self.set_reporting(true);
         }
-        let progress: Progress = if progress.is_empty() {
+        // Progress that cannot be read (written by another version) is
+        // started again, as if Redis had lost it: an interval lost, never
+        // one counted twice, and no reporting stalled on it for good.
+        let progress: Progress = serde_json::from_str(progress).unwrap_or_else(|e| {
+            if !progress.is_empty() {
+                tracing::error!(key = %self.key, error = %e, "unreadable replica report progress; starting again");
+            }
             Progress::default()
-        } else {
-            serde_json::from_str(progress).map_err(|e| format!("progress in {}: {e}", self.key))?
-        };
+        });
         let readings = self.upstream.gpu_time().await.map_err(|e| e.to_string())?;
         let (next, reports) = next(&self.upstream.config, &progress, &readings, now_ms());
         let stored = serde_json::to_string(&next).unwrap_or_default();
@@ -232,7 +239,10 @@ impl RemoteReplicas {
             .arg(stored)
             .invoke_async(&mut conn)
             .await
-            .map_err(|e| format!("advancing {}: {e}", self.key))?;
+            .map_err(|e| {
+                self.cluster.failed(&e);
+                format!("advancing {}: {e}", self.key)
+            })?;
         if advanced != 1 {
             self.set_reporting(false);
             tracing::info!(url = %self.upstream.config.url, "another gateway took over this engine's replica reports");
