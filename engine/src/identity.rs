@@ -142,6 +142,13 @@ pub fn unkeyed_cache_salt(tenant: &str) -> String {
     hex::encode(hash.finalize())
 }
 
+/// Now in unix seconds, the clock tokens are signed and checked against.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// Checks a header value (`None`: the header was absent) at `now` (unix
 /// seconds) and returns the identity it carries.
 pub fn verify(header: Option<&str>, secret: &Secret, now: u64) -> Result<Identity, IdentityError> {

@@ -23,7 +23,6 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -150,18 +149,12 @@ async fn gpu_time(
     }))
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// The identity the request carries, verified.
 fn verify(headers: &HeaderMap, secret: &Secret) -> Result<identity::Identity, EngineError> {
     let token = headers
         .get(identity::HEADER)
         .map(|v| v.to_str().unwrap_or_default());
-    Ok(identity::verify(token, secret, unix_now())?)
+    Ok(identity::verify(token, secret, identity::unix_now())?)
 }
 
 async fn metrics(State(state): State<EngineState>) -> impl IntoResponse {
@@ -176,7 +169,7 @@ async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, EngineError> {
-    let now = unix_now();
+    let now = identity::unix_now();
     let who = verify(&headers, &secret)?;
     let body = body.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => EngineError::PayloadTooLarge(e.body_text()),

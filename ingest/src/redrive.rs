@@ -42,30 +42,20 @@ pub async fn redrive(
         let Some((raw,)) = row else {
             continue; // re-driven meanwhile by someone else
         };
-        let outcome = match decode_record(&raw, Utc::now()) {
-            Err(violation) => format!("still rejected: {violation}"),
-            Ok(Record::Replica(report)) => {
-                let decoded = Decoded {
-                    reports: vec![ReportCandidate {
-                        report,
-                        partition: dl.kafka_partition,
-                        offset: dl.kafka_offset,
-                        raw: raw.clone(),
-                    }],
-                    ..Decoded::default()
-                };
-                let counts = apply(&mut tx, &dl.topic, decoded).await?;
-                if counts.reports == 1 {
-                    "counted".to_owned()
-                } else if counts.report_duplicates == 1 {
-                    "duplicate".to_owned()
-                } else {
-                    "still rejected".to_owned()
-                }
-            }
+        let decoded = match decode_record(&raw, Utc::now()) {
+            Err(violation) => Err(format!("still rejected: {violation}")),
+            Ok(Record::Replica(report)) => Ok(Decoded {
+                reports: vec![ReportCandidate {
+                    report,
+                    partition: dl.kafka_partition,
+                    offset: dl.kafka_offset,
+                    raw: raw.clone(),
+                }],
+                ..Decoded::default()
+            }),
             Ok(Record::Usage(event)) => {
                 partitions.ensure(pool, [&event]).await?;
-                let decoded = Decoded {
+                Ok(Decoded {
                     firsts: vec![Candidate {
                         hash: event.content_hash(),
                         event,
@@ -73,13 +63,18 @@ pub async fn redrive(
                         offset: dl.kafka_offset,
                     }],
                     ..Decoded::default()
-                };
+                })
+            }
+        };
+        let outcome = match decoded {
+            Err(outcome) => outcome,
+            Ok(decoded) => {
                 // Still rejected, it is the same message: filed under its
                 // own topic again, it meets its own row and adds none.
                 let counts = apply(&mut tx, &dl.topic, decoded).await?;
-                if counts.inserted == 1 {
+                if counts.inserted + counts.reports == 1 {
                     "counted".to_owned()
-                } else if counts.duplicates == 1 {
+                } else if counts.duplicates + counts.report_duplicates == 1 {
                     "duplicate".to_owned()
                 } else {
                     "still rejected".to_owned()

@@ -88,6 +88,30 @@ pub async fn start_gateway_with(
     (gateway, url)
 }
 
+/// [`start_gateway_with`] as gateway `id` (`GATEWAY_ID`) with an outbox
+/// of its own, as one of several gateways on the stack.
+pub async fn start_gateway_named(
+    stack: &TestStack,
+    id: &str,
+    speedup: u32,
+    settings: &[(&str, String)],
+) -> (Service, String) {
+    let mut all = vec![
+        ("GATEWAY_ID", id.to_owned()),
+        (
+            "GATEWAY_OUTBOX",
+            stack
+                .dir
+                .path()
+                .join(format!("outbox-{id}"))
+                .display()
+                .to_string(),
+        ),
+    ];
+    all.extend(settings.iter().cloned());
+    start_gateway_with(stack, speedup, &all).await
+}
+
 /// Starts ingest for the stack's topic.
 pub fn start_ingest(stack: &TestStack) -> Service {
     let mut env = stack.env();

@@ -17,29 +17,34 @@ use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use serde_json::json;
 use tests::engine::{random_secret, start_engine_with, SECRET_ENV};
-use tests::gateway::{seed_tenant, start_gateway_with, start_ingest, wait_for_log, TenantLimits};
+use tests::gateway::{seed_tenant, start_gateway_named, start_ingest, wait_for_log, TenantLimits};
 use tests::{Service, TestStack};
 
 const OWNER: &str = "sk-test-engine-reports-owner";
 const OTHER: &str = "sk-test-engine-reports-other";
 const MODEL: &str = "llama-3.1-8b";
 
-/// Gateway `id` with its own outbox in front of the engine's upstreams file.
+/// The upstreams file putting the model behind the engine at `url`, its
+/// replicas reported.
+fn upstreams_file(stack: &TestStack, url: &str) -> String {
+    let path = stack.dir.path().join("upstreams.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "upstreams:\n  - model: {MODEL}\n    url: {url}\n    gpus: 1\n    max_context: 131072\n    kv_poll_ms: 0\n    identity_secret_env: {SECRET_ENV}\n    replica_reports: true\n"
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+/// Gateway `id` on the shared Redis in front of the engine's upstreams file.
 async fn gateway(stack: &TestStack, id: &str, upstreams: &str, secret: &str) -> (Service, String) {
-    start_gateway_with(
+    start_gateway_named(
         stack,
+        id,
         20,
         &[
-            ("GATEWAY_ID", id.to_owned()),
-            (
-                "GATEWAY_OUTBOX",
-                stack
-                    .dir
-                    .path()
-                    .join(format!("outbox-{id}"))
-                    .display()
-                    .to_string(),
-            ),
             ("GATEWAY_UPSTREAMS", upstreams.to_owned()),
             ("GATEWAY_REPLICA_REPORT_SECS", "1".into()),
             (SECRET_ENV, secret.to_owned()),
@@ -142,6 +147,49 @@ async fn wait_reporter(url: &str, within: Duration, logs: &[&Service]) {
     }
 }
 
+/// Per replica: one reporter (the engine instance), intervals that tile
+/// time, busy time equal to its requests' billed GPU time exactly, some
+/// idle time. The rows by replica.
+async fn check_each_replica<'a>(
+    stack: &TestStack,
+    rows: &'a [Row],
+) -> BTreeMap<&'a str, Vec<&'a Row>> {
+    let mut by_replica: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
+    for row in rows {
+        by_replica.entry(row.0.as_str()).or_default().push(row);
+    }
+    for (replica, rows) in &by_replica {
+        // The engine is the reporter of its replicas, whichever gateway sent it.
+        assert!(
+            rows.iter()
+                .all(|r| r.2 == rows[0].2 && r.2.starts_with("engine-")),
+            "{replica}: {rows:?}"
+        );
+        // The intervals tile time: each starts where the last ended.
+        for pair in rows.windows(2) {
+            assert_eq!(
+                pair[0].4, pair[1].3,
+                "{replica}: a gap or an overlap between {:?} and {:?}",
+                pair[0], pair[1]
+            );
+        }
+        // Busy time reported = GPU time billed to its requests, exactly.
+        let busy: Decimal = rows.iter().map(|r| r.5).sum();
+        let billed = stack
+            .decimal(&format!(
+                "SELECT coalesce(sum(gpu_seconds), 0) FROM request_log WHERE replica_id = '{replica}'"
+            ))
+            .await;
+        assert_eq!(
+            busy, billed,
+            "{replica}: reported busy vs billed GPU-seconds"
+        );
+        let idle: Decimal = rows.iter().map(|r| r.6).sum();
+        assert!(idle > Decimal::ZERO, "{replica}: idle time is reported");
+    }
+    by_replica
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_gateway_at_a_time_reports_the_engines_replicas_and_a_killed_one_is_replaced_without_gap_or_overlap(
 ) {
@@ -164,15 +212,7 @@ async fn one_gateway_at_a_time_reports_the_engines_replicas_and_a_killed_one_is_
         ],
     )
     .await;
-    let upstreams = stack.dir.path().join("upstreams.yaml");
-    std::fs::write(
-        &upstreams,
-        format!(
-            "upstreams:\n  - model: {MODEL}\n    url: {engine_url}\n    gpus: 1\n    max_context: 131072\n    kv_poll_ms: 0\n    identity_secret_env: {SECRET_ENV}\n    replica_reports: true\n"
-        ),
-    )
-    .unwrap();
-    let upstreams = upstreams.display().to_string();
+    let upstreams = upstreams_file(&stack, &engine_url);
     let (mut a, a_url) = gateway(&stack, "gw-a", &upstreams, &secret).await;
     let (mut b, b_url) = gateway(&stack, "gw-b", &upstreams, &secret).await;
     let ingest = start_ingest(&stack);
@@ -223,44 +263,12 @@ async fn one_gateway_at_a_time_reports_the_engines_replicas_and_a_killed_one_is_
     wait_for_log(&stack, "other-co", 18, &[&ingest, &engine]).await;
     let rows = settled(&stack).await;
 
-    let mut by_replica: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
-    for row in &rows {
-        by_replica.entry(row.0.as_str()).or_default().push(row);
-    }
+    let by_replica = check_each_replica(&stack, &rows).await;
     assert_eq!(
         by_replica.keys().copied().collect::<Vec<_>>(),
         ["llama-3.1-8b-r0", "llama-3.1-8b-r1"],
         "both replicas reported"
     );
-    for (replica, rows) in &by_replica {
-        // The engine is the reporter of its replicas, whichever gateway sent it.
-        assert!(
-            rows.iter()
-                .all(|r| r.2 == rows[0].2 && r.2.starts_with("engine-")),
-            "{replica}: {rows:?}"
-        );
-        // The intervals tile time: each starts where the last ended.
-        for pair in rows.windows(2) {
-            assert_eq!(
-                pair[0].4, pair[1].3,
-                "{replica}: a gap or an overlap between {:?} and {:?}",
-                pair[0], pair[1]
-            );
-        }
-        // Busy time reported = GPU time billed to its requests, exactly.
-        let busy: Decimal = rows.iter().map(|r| r.5).sum();
-        let billed = stack
-            .decimal(&format!(
-                "SELECT coalesce(sum(gpu_seconds), 0) FROM request_log WHERE replica_id = '{replica}'"
-            ))
-            .await;
-        assert_eq!(
-            busy, billed,
-            "{replica}: reported busy vs billed GPU-seconds"
-        );
-        let idle: Decimal = rows.iter().map(|r| r.6).sum();
-        assert!(idle > Decimal::ZERO, "{replica}: idle time is reported");
-    }
     // The dedicated replica's time is its owner's reserved capacity.
     let dedicated: Vec<&&Row> = by_replica
         .values()
@@ -285,4 +293,47 @@ async fn one_gateway_at_a_time_reports_the_engines_replicas_and_a_killed_one_is_
         )
         .await;
     assert!(owners_on_it > 0, "the owner's requests ran on its replica");
+}
+
+/// A gateway without Redis (`GATEWAY_LIMITS=local`) is alone: it reports
+/// the engine's replicas with its progress in memory, from the engine's
+/// start to its own graceful stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_without_redis_reports_the_engines_replicas_alone() {
+    let stack = TestStack::new("enginereportslocal").await;
+    let limits = TenantLimits {
+        rpm: Some(100_000),
+        tpm: Some(100_000_000),
+        ..Default::default()
+    };
+    seed_tenant(&stack, "owner-co", OWNER, limits).await;
+    seed_tenant(&stack, "other-co", OTHER, limits).await;
+    let secret = random_secret();
+    let (engine, engine_url) = start_engine_with(stack.dir.path(), 20, &secret, &[]).await;
+    let upstreams = upstreams_file(&stack, &engine_url);
+    let (mut gateway, url) = start_gateway_named(
+        &stack,
+        "gw-alone",
+        20,
+        &[
+            ("GATEWAY_UPSTREAMS", upstreams),
+            ("GATEWAY_REPLICA_REPORT_SECS", "1".into()),
+            ("GATEWAY_LIMITS", "local".into()),
+            (SECRET_ENV, secret.clone()),
+        ],
+    )
+    .await;
+    let ingest = start_ingest(&stack);
+    traffic(&url, 10, "alone").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(reports_now(&url).await, "{}", gateway.log_tail());
+    assert!(gateway.terminate(Duration::from_secs(30)).await.is_some());
+    wait_for_log(&stack, "owner-co", 5, &[&ingest, &engine]).await;
+    wait_for_log(&stack, "other-co", 5, &[&ingest, &engine]).await;
+    let rows = settled(&stack).await;
+    let by_replica = check_each_replica(&stack, &rows).await;
+    assert_eq!(
+        by_replica.keys().copied().collect::<Vec<_>>(),
+        ["llama-3.1-8b-r0"]
+    );
 }

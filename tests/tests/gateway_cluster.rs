@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use devstack::PrivateRedis;
 use serde_json::{json, Value};
 use tests::gateway::{
-    hourly, metrics, seed_tenant, start_gateway_with, start_ingest, wait_for_log, TenantLimits,
+    hourly, metrics, seed_tenant, start_gateway_named, start_ingest, wait_for_log, TenantLimits,
     Told,
 };
 use tests::process::wait_healthy;
@@ -25,22 +25,11 @@ async fn gateway(
     speedup: u32,
     redis: Option<&str>,
 ) -> (Service, String) {
-    let mut settings = vec![
-        ("GATEWAY_ID", id.to_owned()),
-        (
-            "GATEWAY_OUTBOX",
-            stack
-                .dir
-                .path()
-                .join(format!("outbox-{id}"))
-                .display()
-                .to_string(),
-        ),
-    ];
-    if let Some(url) = redis {
-        settings.push(("REDIS_URL", url.to_owned()));
-    }
-    start_gateway_with(stack, speedup, &settings).await
+    let settings: Vec<(&str, String)> = redis
+        .map(|url| ("REDIS_URL", url.to_owned()))
+        .into_iter()
+        .collect();
+    start_gateway_named(stack, id, speedup, &settings).await
 }
 
 fn chat(model: &str, content: &str, max_tokens: u32) -> Value {

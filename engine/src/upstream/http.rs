@@ -166,16 +166,17 @@ impl HttpUpstream {
                 "no identity_secret_env to sign the read with".into(),
             ));
         };
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
         let mut request = self
             .client
             .get(format!("{}{GPU_TIME_PATH}", self.base))
             .timeout(Duration::from_secs(10))
             .header(
                 identity::HEADER,
-                signer.sign(REPORTER_IDENTITY, ServiceClass::Standard, now),
+                signer.sign(
+                    REPORTER_IDENTITY,
+                    ServiceClass::Standard,
+                    identity::unix_now(),
+                ),
             );
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
@@ -256,15 +257,10 @@ impl HttpUpstream {
         let prompt_tokens = tokenizer::count(&req.prompt);
         let mut request = self.client.post(&self.url).json(&Value::Object(body));
         request = match &self.signer {
-            Some(signer) => {
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                request.header(
-                    identity::HEADER,
-                    signer.sign(&req.tenant_id, req.class, now),
-                )
-            }
+            Some(signer) => request.header(
+                identity::HEADER,
+                signer.sign(&req.tenant_id, req.class, identity::unix_now()),
+            ),
             None => request
                 .header("x-tenant-id", &req.tenant_id)
                 .header("x-service-class", req.class.as_str()),

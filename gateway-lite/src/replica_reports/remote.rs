@@ -170,6 +170,13 @@ impl RemoteReplicas {
         Ok(appended)
     }
 
+    /// A Redis call failed: the cluster goes local until a heartbeat
+    /// succeeds; what to log.
+    fn redis_failed(&self, doing: &str, e: &redis::RedisError) -> String {
+        self.cluster.failed(e);
+        format!("{doing} {}: {e}", self.key)
+    }
+
     fn set_reporting(&mut self, reporting: bool) {
         self.reporting = reporting;
         let c = &self.upstream.config;
@@ -198,10 +205,7 @@ impl RemoteReplicas {
             .arg(self.cluster.alive_key(""))
             .invoke_async(&mut conn)
             .await
-            .map_err(|e| {
-                self.cluster.failed(&e);
-                format!("claiming {}: {e}", self.key)
-            })?;
+            .map_err(|e| self.redis_failed("claiming", &e))?;
         let [won, previous, version, progress] = claimed.as_slice() else {
             if self.reporting {
                 tracing::info!(url = %self.upstream.config.url, owner = ?claimed.get(1), "another gateway now reports this engine's replicas");
@@ -239,10 +243,7 @@ impl RemoteReplicas {
             .arg(stored)
             .invoke_async(&mut conn)
             .await
-            .map_err(|e| {
-                self.cluster.failed(&e);
-                format!("advancing {}: {e}", self.key)
-            })?;
+            .map_err(|e| self.redis_failed("advancing", &e))?;
         if advanced != 1 {
             self.set_reporting(false);
             tracing::info!(url = %self.upstream.config.url, "another gateway took over this engine's replica reports");
