@@ -140,8 +140,14 @@ async fn models(State(state): State<EngineState>) -> Json<Value> {
 async fn gpu_time(
     State(state): State<EngineState>,
     headers: HeaderMap,
+    uri: Uri,
 ) -> Result<Json<GpuTimeReadings>, EngineError> {
     verify(&headers, &state.secret)?;
+    if let Some(query) = uri.query() {
+        return Err(EngineError::BadRequest(format!(
+            "GET {GPU_TIME_PATH} takes no parameters (it reports every replica); got ?{query}"
+        )));
+    }
     Ok(Json(GpuTimeReadings {
         instance: state.sim.instance().to_owned(),
         started_at_ms: state.sim.started_at_ms(),

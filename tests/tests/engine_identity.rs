@@ -82,6 +82,25 @@ async fn the_engine_serves_only_identities_signed_with_its_secret() {
         .unwrap();
     assert_eq!(res.status(), 200);
     let readings: engine::GpuTimeReadings = res.json().await.unwrap();
+    // It takes no parameters; one is refused, not ignored.
+    let res = client
+        .get(format!("{gpu_time}?model={MODEL}"))
+        .header(
+            HEADER,
+            signer(&secret).sign("reporter", ServiceClass::Standard, now()),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    let err: Value = res.json().await.unwrap();
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("?model="),
+        "{err}"
+    );
     assert!(
         readings.replicas.iter().any(|r| r.model == MODEL),
         "{readings:?}"
