@@ -14,6 +14,9 @@ pub enum NoRoom {
     /// The pool has room, but only inside other tenants' unused reserved
     /// floors (`fleet::pool`).
     HeldForFloors { held_percent: u64 },
+    /// The prompts waiting to start ahead of it hold more prefill than
+    /// the replica queues (the profile's `backlog_steps`).
+    Backlog { waiting_tokens: u64 },
 }
 
 impl std::fmt::Display for NoRoom {
@@ -23,6 +26,10 @@ impl std::fmt::Display for NoRoom {
             Self::HeldForFloors { held_percent } => write!(
                 f,
                 "{held_percent}% of the pool is held for other tenants' reserved floors"
+            ),
+            Self::Backlog { waiting_tokens } => write!(
+                f,
+                "{waiting_tokens} prompt tokens are waiting to start ahead of it"
             ),
         }
     }

@@ -59,6 +59,12 @@ pub struct ModelProfile {
     /// Most sequences running at once (vLLM's `max_num_seqs`).
     #[serde(default = "default_max_running")]
     pub max_running: u32,
+    /// A replica refuses a request while the prompts waiting to start
+    /// ahead of it (its class and the higher ones) hold this many full
+    /// steps of prefill (`step_token_budget` tokens each); 0: no such
+    /// limit. See `scheduler`.
+    #[serde(default = "default_backlog_steps")]
+    pub backlog_steps: u32,
     /// Share of the KV blocks one tenant's prefix-cache entries may hold, percent.
     #[serde(default = "default_tenant_quota")]
     pub tenant_cache_quota_percent: u32,
@@ -79,6 +85,11 @@ pub const MAX_REPLICAS: u32 = 256;
 
 fn default_step_tokens() -> u32 {
     512
+}
+
+/// About 4 s of prefill on the reference 70B profile.
+fn default_backlog_steps() -> u32 {
+    128
 }
 
 fn default_max_running() -> u32 {
@@ -165,6 +176,7 @@ impl ModelProfile {
                 max_context: 131_072,
                 step_token_budget: 512,
                 max_running: 256,
+                backlog_steps: default_backlog_steps(),
                 tenant_cache_quota_percent: 25,
                 replicas: 1,
                 dedicated: Default::default(),
@@ -183,6 +195,7 @@ impl ModelProfile {
                 max_context: 131_072,
                 step_token_budget: 512,
                 max_running: 256,
+                backlog_steps: default_backlog_steps(),
                 tenant_cache_quota_percent: 25,
                 replicas: 1,
                 dedicated: Default::default(),
@@ -202,6 +215,7 @@ impl ModelProfile {
                 max_context: 131_072,
                 step_token_budget: 512,
                 max_running: 256,
+                backlog_steps: default_backlog_steps(),
                 tenant_cache_quota_percent: 25,
                 replicas: 1,
                 dedicated: Default::default(),
@@ -329,6 +343,12 @@ impl ModelProfile {
             return Err(bad(format!(
                 "bandwidth_efficiency_percent must be between 1 and 100, got {}",
                 self.bandwidth_efficiency_percent
+            )));
+        }
+        if self.backlog_steps > 1_000_000 {
+            return Err(bad(format!(
+                "backlog_steps must be 0 (no limit) to 1000000, got {}",
+                self.backlog_steps
             )));
         }
         if !(1..=100).contains(&self.tenant_cache_quota_percent) {

@@ -115,6 +115,9 @@ pub struct Replica {
     shares: Vec<u64>,
     /// Whether admission counts the waiting queue's demand (see `submit`).
     queue_admission: bool,
+    /// Prefill tokens waiting ahead at which a request is refused (the
+    /// profile's `backlog_steps` × `step_token_budget`; 0: no limit).
+    backlog_tokens: u64,
 }
 
 impl Replica {
@@ -145,6 +148,7 @@ impl Replica {
             weights: Vec::new(),
             shares: Vec::new(),
             queue_admission: true,
+            backlog_tokens: u64::from(profile.backlog_steps) * u64::from(profile.step_token_budget),
         })
     }
 
@@ -229,6 +233,17 @@ impl Replica {
         } else {
             0
         };
+        let ahead = self.sched.waiting_tokens_ahead_of(req.class);
+        if self.queue_admission && self.backlog_tokens > 0 && ahead >= self.backlog_tokens {
+            self.stats.rejected += 1;
+            return Err(EngineError::NoCapacity {
+                model: self.model.clone(),
+                class: req.class.as_str(),
+                why: crate::error::NoRoom::Backlog {
+                    waiting_tokens: ahead,
+                },
+            });
+        }
         if !kv.below(queued, req.class.threshold_percent()) {
             self.stats.rejected += 1;
             return Err(EngineError::NoCapacity {

@@ -16,7 +16,13 @@
 //! Admission by class: a request arrives only while KV occupancy — blocks in
 //! use plus the blocks the waiting queue needs to start — is below its
 //! class's threshold (best-effort 60%, standard 85%, reserved 92%), and
-//! starts only if its blocks keep occupancy below it.
+//! starts only if its blocks keep occupancy below it. It is also refused
+//! while the prompts waiting ahead of it (its class and the higher ones)
+//! hold the profile's `backlog_steps` full steps of prefill or more
+//! (128 by default, ~4 s on the reference 70B): a deeper queue
+//! inside the replica only adds wait in first-come order, which the
+//! gateway's fair queue does better (by priority and weight, within each
+//! tenant's wait budget).
 
 use std::collections::VecDeque;
 
@@ -178,6 +184,12 @@ fn demand(s: &Seq) -> u64 {
     KvPool::blocks_for(u64::from(s.prompt_tokens + s.generated))
 }
 
+/// The tokens a waiting sequence must prefill once it starts (its prompt
+/// and, after a preemption, what it had generated).
+fn backlog(s: &Seq) -> u64 {
+    u64::from(s.prompt_tokens + s.generated)
+}
+
 #[derive(Debug, Default)]
 pub struct Scheduler {
     pub running: Vec<Seq>,
@@ -186,6 +198,8 @@ pub struct Scheduler {
     /// and what they generated before a preemption): admission counts them
     /// as taken, so a flood that can't start is refused, not queued forever.
     waiting_blocks: u64,
+    /// Per class, the tokens its waiting sequences must prefill.
+    waiting_tokens: [u64; 3],
     starts: u64,
     pub preemptions: u64,
     /// Prompt tokens looked up in and served from the prefix cache.
@@ -203,12 +217,19 @@ impl Scheduler {
 
     pub fn enqueue(&mut self, seq: Seq) {
         self.waiting_blocks += demand(&seq);
+        self.waiting_tokens[seq.class.index()] += backlog(&seq);
         self.waiting[seq.class.index()].push_back(seq);
     }
 
     /// See the `waiting_blocks` field.
     pub fn waiting_blocks(&self) -> u64 {
         self.waiting_blocks
+    }
+
+    /// The prefill tokens waiting ahead of a new request of `class`: its
+    /// own class's and the higher ones' (they start first).
+    pub fn waiting_tokens_ahead_of(&self, class: ServiceClass) -> u64 {
+        self.waiting_tokens[class.index()..].iter().sum()
     }
 
     /// Every sequence's id, running ones first.
@@ -229,6 +250,7 @@ impl Scheduler {
             if let Some(i) = q.iter().position(|s| s.id == id) {
                 let s = q.remove(i)?;
                 self.waiting_blocks -= demand(&s);
+                self.waiting_tokens[s.class.index()] -= backlog(&s);
                 return Some(s);
             }
         }
@@ -312,6 +334,7 @@ impl Scheduler {
                     break;
                 };
                 self.waiting_blocks -= demand(&s);
+                self.waiting_tokens[class.index()] -= backlog(&s);
                 if !mem.kv.take_private(need) {
                     debug_assert!(false, "blocks were made free");
                 }
@@ -364,6 +387,7 @@ impl Scheduler {
         s.step_tokens = 0;
         self.preemptions += 1;
         self.waiting_blocks += demand(&s);
+        self.waiting_tokens[s.class.index()] += backlog(&s);
         self.waiting[s.class.index()].push_front(s);
     }
 }

@@ -9,6 +9,14 @@ fn p70() -> ModelProfile {
     ModelProfile::reference().swap_remove(1)
 }
 
+/// The 70B profile without the backlog limit: admission by KV alone.
+fn p70_kv_only() -> ModelProfile {
+    ModelProfile {
+        backlog_steps: 0,
+        ..p70()
+    }
+}
+
 fn req(class: ServiceClass, prompt: u32, output: u32) -> SeqRequest {
     SeqRequest {
         class,
@@ -18,6 +26,16 @@ fn req(class: ServiceClass, prompt: u32, output: u32) -> SeqRequest {
         capped: false,
         stream: false,
     }
+}
+
+/// A standard and a reserved request are admitted at time 0.
+fn the_higher_classes_get_in(replica: &mut Replica) {
+    replica
+        .submit("finserv", req(ServiceClass::Standard, 300, 10), 0)
+        .unwrap();
+    replica
+        .submit("acme", req(ServiceClass::Reserved, 300, 10), 0)
+        .unwrap();
 }
 
 #[test]
@@ -77,7 +95,7 @@ fn a_long_context_flood_leaves_room_for_other_classes() {
 
 #[test]
 fn each_class_is_refused_at_its_own_threshold() {
-    let p = p70();
+    let p = p70_kv_only();
     let mut replica = Replica::new(&p, "thresholds-r0").unwrap();
     // Three 100k-token contexts (~17.7% each) start one after another:
     // occupancy climbs past 60% but stays under 85%.
@@ -113,7 +131,7 @@ fn each_class_is_refused_at_its_own_threshold() {
 fn a_flood_that_cannot_start_is_refused_not_queued_forever() {
     // Nothing has run yet, so no block is in use: only the queue's demand
     // (each 100k-token prompt needs ~17.7% of the KV) can stop the flood.
-    let mut replica = Replica::new(&p70(), "queue-r0").unwrap();
+    let mut replica = Replica::new(&p70_kv_only(), "queue-r0").unwrap();
     let mut admitted = 0;
     while replica
         .submit("flood", req(ServiceClass::BestEffort, 100_000, 200), 0)
@@ -124,12 +142,7 @@ fn a_flood_that_cannot_start_is_refused_not_queued_forever() {
     }
     assert_eq!(admitted, 4, "four fit under 60%, the fifth would not");
     // The other classes still get in, up to their own thresholds.
-    replica
-        .submit("finserv", req(ServiceClass::Standard, 300, 10), 0)
-        .unwrap();
-    replica
-        .submit("acme", req(ServiceClass::Reserved, 300, 10), 0)
-        .unwrap();
+    the_higher_classes_get_in(&mut replica);
 
     // vLLM-style queueing (the benchmark's setting) admits the whole flood.
     let mut queueing = Replica::new(&p70(), "vllm-r0").unwrap();
@@ -138,5 +151,47 @@ fn a_flood_that_cannot_start_is_refused_not_queued_forever() {
         queueing
             .submit("flood", req(ServiceClass::BestEffort, 100_000, 200), 0)
             .unwrap();
+    }
+}
+
+#[test]
+fn a_replica_queues_at_most_its_backlog_of_prefill_ahead_of_each_class() {
+    // 128 steps of 512 tokens: 65,536 prompt tokens may wait to start.
+    let p = p70();
+    assert_eq!(p.backlog_steps, 128);
+    let limit = 128 * u64::from(p.step_token_budget);
+    let mut replica = Replica::new(&p, "backlog-r0").unwrap();
+    // Nothing has run: every admitted request waits. 2,000-token prompts
+    // are admitted until 65,536 tokens wait (33 of them), then refused.
+    let mut admitted = 0u64;
+    while replica
+        .submit("codegen", req(ServiceClass::BestEffort, 2_000, 200), 0)
+        .is_ok()
+    {
+        admitted += 1;
+        assert!(admitted < 100, "never refused");
+    }
+    assert_eq!(admitted, limit.div_ceil(2_000));
+    let refused = replica.submit("codegen", req(ServiceClass::BestEffort, 2_000, 200), 0);
+    assert!(
+        matches!(
+            &refused,
+            Err(EngineError::NoCapacity { why: engine::error::NoRoom::Backlog { waiting_tokens }, .. })
+                if *waiting_tokens == admitted * 2_000
+        ),
+        "{refused:?}"
+    );
+    // A higher class starts ahead of that queue: it is not held by it.
+    the_higher_classes_get_in(&mut replica);
+    // Once the queue has started, best effort is admitted again.
+    while replica
+        .submit(
+            "codegen",
+            req(ServiceClass::BestEffort, 2_000, 200),
+            replica.now(),
+        )
+        .is_err()
+    {
+        replica.step().unwrap();
     }
 }

@@ -20,7 +20,12 @@
 //! - A queued request has passed the limits: it holds its concurrency slot
 //!   and its KV·seconds while it waits (queued requests count against the
 //!   tenant's concurrency cap), and its client leaving ends its wait.
-//! - Only simulated models queue; an HTTP upstream's 503 is passed on.
+//! - HTTP upstreams queue too: a refusal for the class (the last KV poll
+//!   past the class threshold, or the upstream's own 429/503, sent before
+//!   it did any work) waits in the same fair queue and is sent again when
+//!   woken. Their non-streaming requests are preempted like the
+//!   simulator's: the gateway closes the victim's connection (the engine
+//!   aborts it) and sends it again from the queue.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -280,11 +280,7 @@ async fn handle(
     // TTFT objective: it preempts a lower request in flight, once. So does
     // the owner of dedicated replicas of this model, whatever its priority:
     // it takes back what it lent (the registry then picks lent work first).
-    let owns_replicas = state
-        .engine
-        .simulator()
-        .profile(&req.model)
-        .is_some_and(|p| p.dedicated.contains_key(&caller.tenant_id));
+    let owns_replicas = state.engine.owns_replicas(&req.model, &caller.tenant_id);
     let preemptor = fleet::preempt::Preemptor {
         tenant: &caller.tenant_id,
         priority: caller.priority,
@@ -302,16 +298,18 @@ async fn handle(
             Ok(generation) => break generation,
             Err(e) => e,
         };
-        // No room for its class now: wait in the model's fair queue.
-        let queue = state
-            .queues
-            .as_ref()
-            .filter(|q| q.serves(&req.model) && matches!(refused, EngineError::NoCapacity { .. }));
+        // No room for its class now (the simulator's replicas, or every
+        // HTTP replica, refused it before doing any work): wait in the
+        // model's fair queue.
+        let queue = state.queues.as_ref().filter(|q| {
+            q.serves(&req.model)
+                && matches!(
+                    refused,
+                    EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. }
+                )
+        });
         if owns_replicas && queue.is_some() && owner_waiting.is_none() {
-            owner_waiting = state
-                .engine
-                .simulator()
-                .owner_waiting(&req.model, &caller.tenant_id);
+            owner_waiting = state.engine.owner_waiting(&req.model, &caller.tenant_id);
         }
         let waited = match queue {
             None => Err(None),
@@ -423,14 +421,20 @@ async fn handle(
 }
 
 /// The request's estimated GPU time in GPU-µs (its cost in the fair
-/// queue): prompt + `out` through the model's profile.
+/// queue): prompt + `out` through the model's profile. A model without a
+/// profile (an HTTP upstream of another name) costs its tokens, prompt +
+/// `out`: the queue only compares costs within one model.
 fn gpu_micros(state: &AppState, model: &str, prompt: u64, out: u64) -> u64 {
     use rust_decimal::prelude::ToPrimitive;
-    state.engine.simulator().profile(model).map_or(1, |p| {
-        (p.estimated_gpu_seconds(prompt, out) * rust_decimal::Decimal::from(1_000_000))
-            .to_u64()
-            .unwrap_or(u64::MAX)
-    })
+    state
+        .engine
+        .simulator()
+        .profile(model)
+        .map_or(prompt + out, |p| {
+            (p.estimated_gpu_seconds(prompt, out) * rust_decimal::Decimal::from(1_000_000))
+                .to_u64()
+                .unwrap_or(u64::MAX)
+        })
 }
 
 /// The request's KV·seconds (MiB·s) for the tenant's cap, from the

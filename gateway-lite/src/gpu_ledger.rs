@@ -16,7 +16,10 @@
 //!
 //! A request whose gateway died stays in the ledger until that gateway's
 //! liveness lapses (15 s); the heartbeat then removes it (its share until
-//! then is not billed to anyone, as its usage event never existed). While
+//! then is not billed to anyone, as its usage event never existed). A
+//! request the upstream refused (429/503) leaves at once, its share (the
+//! moment before the refusal) counted with the reaped, not the
+//! attributed: no usage event exists for it either. While
 //! Redis is unreachable a request gets its own gateway's figure, which
 //! over-counts when several gateways use the replica at once.
 
@@ -32,7 +35,7 @@ use std::fmt::Write as _;
 use crate::cluster::Cluster;
 use crate::telemetry;
 
-/// Shared by the three scripts: lets time run to now.
+/// Shared by every script: lets time run to now.
 const ADVANCE: &str = r"
 -- Integers are written with %.0f (Lua's own tostring keeps 14 digits, and
 -- Redis's clock in µs has 16); the per-weight integral with 17.
@@ -58,6 +61,17 @@ local function save()
   redis.call('EXPIRE', K, 86400)
   redis.call('EXPIRE', M, 86400)
 end
+-- The ledger's epoch: when this hash began, and its counters then (the
+-- replica reports count from here; a hash Redis lost starts anew). Set
+-- where members enter (JOIN) and where it is read (READ): time is busy
+-- only with a member in.
+local function epoch()
+  if not redis.call('HGET', K, 'epoch_us') then
+    local at = redis.call('HMGET', K, 'busy', 'attributed', 'reaped', 'lent')
+    redis.call('HSET', K, 'epoch_us', I(now), 'epoch_busy', at[1] or '0',
+               'epoch_attributed', at[2] or '0', 'epoch_reaped', at[3] or '0', 'epoch_lent', at[4] or '0')
+  end
+end
 local function settle(v)
   local mw, snap, owed = v[1], v[2], v[3]
   return owed + mw * (pw - snap)
@@ -75,6 +89,7 @@ end
 const JOIN: &str = r"
 local K, M, gpus = KEYS[1], KEYS[2], tonumber(ARGV[1])
 __ADVANCE__
+epoch()
 local id = redis.call('HINCRBY', K, 'next', 1)
 local weight = tonumber(ARGV[2])
 w = w + weight
@@ -98,9 +113,13 @@ save()
 return 1
 ";
 
-/// KEYS: replica hash, members hash. ARGV: gpus, id, and (to reap) a
+/// KEYS: replica hash, members hash. ARGV: gpus, id, (to reap) a
 /// liveness key prefix: members of gateways without a liveness key leave
-/// without a share. Returns the micro-GPU-seconds of `id`.
+/// without a share, and `unbilled` when `id` leaves without a usage event
+/// (the upstream refused it): its share counts as reaped, not attributed;
+/// `lent` when it ran on a replica dedicated to another tenant: its share
+/// counts as lent too.
+/// Returns the micro-GPU-seconds of `id`.
 const LEAVE: &str = r"
 local K, M, gpus = KEYS[1], KEYS[2], tonumber(ARGV[1])
 __ADVANCE__
@@ -123,7 +142,14 @@ if ARGV[2] ~= '' then
   local v = member(ARGV[2])
   if v then
     result = out(ARGV[2], v)
-    redis.call('HINCRBY', K, 'attributed', I(result))
+    if ARGV[4] == 'unbilled' then
+      redis.call('HINCRBY', K, 'reaped', I(result))
+    else
+      redis.call('HINCRBY', K, 'attributed', I(result))
+      if ARGV[4] == 'lent' then
+        redis.call('HINCRBY', K, 'lent', I(result))
+      end
+    end
   end
 end
 if ARGV[3] and ARGV[3] ~= '' then
@@ -154,7 +180,7 @@ pub struct ReplicaFigures {
 #[derive(Clone)]
 pub struct RedisLedger {
     cluster: Cluster,
-    scripts: Arc<[Script; 3]>,
+    scripts: Arc<[Script; 4]>,
     /// Replicas this gateway used (the heartbeat reaps their dead members).
     replicas: Arc<Mutex<HashSet<(String, u32)>>>,
 }
@@ -170,7 +196,7 @@ impl RedisLedger {
         let script = |body: &str| Script::new(&body.replace("__ADVANCE__", ADVANCE));
         Self {
             cluster,
-            scripts: Arc::new([script(JOIN), script(GROW), script(LEAVE)]),
+            scripts: Arc::new([script(JOIN), script(GROW), script(LEAVE), script(READ)]),
             replicas: Arc::default(),
         }
     }
@@ -230,6 +256,22 @@ impl RedisLedger {
         )
     }
 
+    /// `replica`'s busy time since the ledger's epoch, time run to now
+    /// (`None` when Redis does not answer).
+    pub async fn reading(&self, replica: &str, gpus: u32) -> Option<LedgerReading> {
+        let (epoch, now, busy, attributed, reaped, lent): (i64, i64, i64, i64, i64, i64) =
+            self.call(3, replica, &[gpus.to_string()]).await?;
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Some(LedgerReading {
+            epoch_us: epoch,
+            now_us: now,
+            busy_gpu_micros: n(busy),
+            attributed_gpu_micros: n(attributed),
+            reaped_gpu_micros: n(reaped),
+            lent_gpu_micros: n(lent),
+        })
+    }
+
     /// Removes the members of gateways whose liveness lapsed, on every
     /// replica this gateway used (from the heartbeat).
     pub async fn reap(&self) {
@@ -246,7 +288,12 @@ impl RedisLedger {
                 .call(
                     2,
                     &replica,
-                    &[gpus.to_string(), String::new(), alive.clone()],
+                    &[
+                        gpus.to_string(),
+                        String::new(),
+                        alive.clone(),
+                        String::new(),
+                    ],
                 )
                 .await;
         }
@@ -284,15 +331,71 @@ impl engine::upstream::ledger::SharedLedger for RedisLedger {
         .boxed()
     }
 
-    fn leave<'a>(&'a self, replica: &'a str, gpus: u32, id: u64) -> BoxFuture<'a, Option<u64>> {
+    fn leave<'a>(
+        &'a self,
+        replica: &'a str,
+        gpus: u32,
+        id: u64,
+        lent: bool,
+    ) -> BoxFuture<'a, Option<u64>> {
         async move {
-            let args = [gpus.to_string(), id.to_string(), String::new()];
+            let how = if lent { "lent" } else { "" };
+            let args = [
+                gpus.to_string(),
+                id.to_string(),
+                String::new(),
+                how.to_owned(),
+            ];
             self.call::<i64>(2, replica, &args)
                 .await
                 .map(|m| m.max(0) as u64)
         }
         .boxed()
     }
+
+    fn refused<'a>(&'a self, replica: &'a str, gpus: u32, id: u64) -> BoxFuture<'a, Option<()>> {
+        async move {
+            let args = [
+                gpus.to_string(),
+                id.to_string(),
+                String::new(),
+                "unbilled".to_owned(),
+            ];
+            self.call::<i64>(2, replica, &args).await.map(|_| ())
+        }
+        .boxed()
+    }
+}
+
+/// KEYS: replica hash, members hash. ARGV: gpus. Lets time run to now and
+/// returns the epoch (µs), now (µs), and since the epoch the GPU-µs busy,
+/// attributed, reaped and lent.
+const READ: &str = r"
+local K, M, gpus = KEYS[1], KEYS[2], tonumber(ARGV[1])
+__ADVANCE__
+epoch()
+save()
+local e = redis.call('HMGET', K, 'epoch_us', 'busy', 'epoch_busy', 'attributed', 'epoch_attributed',
+                   'reaped', 'epoch_reaped', 'lent', 'epoch_lent')
+local function since(i) return I((tonumber(e[i]) or 0) - (tonumber(e[i + 1]) or 0)) end
+return {e[1], I(now), since(2), since(4), since(6), since(8)}
+";
+
+/// A replica's GPU time as the shared ledger counts it, for its replica
+/// reports: GPU-µs since the ledger's epoch (when it began, µs), at
+/// `now_us` (Redis's clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LedgerReading {
+    pub epoch_us: i64,
+    pub now_us: i64,
+    /// Every interval with a request in flight, × GPUs.
+    pub busy_gpu_micros: u64,
+    /// Handed to requests that ended (their usage events' GPU time).
+    pub attributed_gpu_micros: u64,
+    /// Held by requests that ended without a usage event.
+    pub reaped_gpu_micros: u64,
+    /// Of attributed, what ran other tenants' requests on a dedicated replica.
+    pub lent_gpu_micros: u64,
 }
 
 /// The shared ledger of every gateway in front of each HTTP replica
@@ -315,7 +418,7 @@ pub fn render(upstreams: &engine::upstream::Upstreams, figures: &[ReplicaFigures
         ),
         (
             telemetry::UPSTREAM_SHARED_REAPED,
-            "HTTP upstream replicas: GPU-seconds of requests whose gateway died in flight (no usage event exists for them)",
+            "HTTP upstream replicas: GPU-seconds of requests that left without a usage event: their gateway died in flight, or the upstream refused them (429/503)",
             |f| f.reaped,
         ),
     ];

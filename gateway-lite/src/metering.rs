@@ -272,7 +272,7 @@ impl Run {
         loop {
             match self.state.engine.start(&requeue.request, false).await {
                 Ok(again) => return Ok(again),
-                Err(EngineError::NoCapacity { .. }) => {}
+                Err(EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. }) => {}
                 Err(e) => return Err(GatewayError::from(e)),
             }
             if !preempted_for_it {

@@ -182,11 +182,7 @@ pub async fn run(
         .iter()
         .map(|r| r.config.model.clone())
         .collect();
-    let upstreams_models: Vec<(String, bool)> = upstreams
-        .models()
-        .iter()
-        .map(|m| (m.name.clone(), m.remote))
-        .collect();
+    let served: Vec<String> = upstreams.models().iter().map(|m| m.name.clone()).collect();
     for m in upstreams.models() {
         tracing::info!(model = %m.name, remote = m.remote, replica = %m.replica_id, "serving model");
     }
@@ -235,13 +231,7 @@ pub async fn run(
         readiness: Readiness::default(),
         gpu_ledger: (config.limits == LimitsMode::Shared).then(|| gpu_ledger.clone()),
         slo: Arc::default(),
-        queues: fair.then(|| {
-            let simulated = upstreams_models.iter().filter(|(_, remote)| !remote);
-            crate::admission_queue::Queues::new(
-                simulated.map(|(m, _)| m.clone()),
-                config.queue_depth,
-            )
-        }),
+        queues: fair.then(|| crate::admission_queue::Queues::new(served, config.queue_depth)),
         ladder,
     };
     state.spawn_ladder();

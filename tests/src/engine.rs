@@ -77,3 +77,38 @@ pub async fn start_engine_with(
     .await;
     (engine, url)
 }
+
+/// A `seed` for which the simulated model answers a prompt of
+/// `prompt_tokens` with at least `at_least` tokens (answers are 16 to 600
+/// tokens, fixed by seed and prompt length), so a request meant to stay
+/// in flight does not end early on a fast or a slow machine.
+pub fn seed_for_long_answer(prompt_tokens: u64, at_least: u32) -> u64 {
+    (0..10_000)
+        .find(|&s| engine::simulator::natural_output_tokens(s, prompt_tokens) >= at_least)
+        .expect("a seed for a long answer")
+}
+
+/// One entry of the gateway's upstreams file as for a vLLM replica: `model`
+/// at `url` on 1 GPU, its requests signed with the secret in
+/// [`SECRET_ENV`], named `replica_id`, its GPU time derived from the
+/// gateways' ledger, its KV polled every `kv_poll_ms` (0: never); then
+/// `extra`, YAML lines of the entry (`"    dedicated_to: acme\n"`).
+pub fn vllm_entry(
+    model: &str,
+    url: &str,
+    max_context: u32,
+    replica_id: &str,
+    kv_poll_ms: u32,
+    extra: &str,
+) -> String {
+    format!(
+        "  - model: {model}\n    url: {url}\n    gpus: 1\n    max_context: {max_context}\n    replica_id: {replica_id}\n    gpu_time: derived\n    kv_poll_ms: {kv_poll_ms}\n    identity_secret_env: {SECRET_ENV}\n{extra}"
+    )
+}
+
+/// Writes an upstreams file of `entries` ([`vllm_entry`]) at `path`; the
+/// path as the gateway's `GATEWAY_UPSTREAMS` takes it.
+pub fn write_upstreams(path: &Path, entries: &[String]) -> String {
+    std::fs::write(path, format!("upstreams:\n{}", entries.concat())).expect("write upstreams");
+    path.display().to_string()
+}

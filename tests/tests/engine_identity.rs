@@ -71,24 +71,17 @@ async fn the_engine_serves_only_identities_signed_with_its_secret() {
     assert_eq!(res.status(), 401);
     let err: Value = res.json().await.unwrap();
     assert_eq!(err["error"]["code"], "invalid_identity", "{err}");
-    let res = client
-        .get(&gpu_time)
-        .header(
+    let signed_get = |url: String| {
+        client.get(url).header(
             HEADER,
             signer(&secret).sign("reporter", ServiceClass::Standard, now()),
         )
-        .send()
-        .await
-        .unwrap();
+    };
+    let res = signed_get(gpu_time.clone()).send().await.unwrap();
     assert_eq!(res.status(), 200);
     let readings: engine::GpuTimeReadings = res.json().await.unwrap();
     // It takes no parameters; one is refused, not ignored.
-    let res = client
-        .get(format!("{gpu_time}?model={MODEL}"))
-        .header(
-            HEADER,
-            signer(&secret).sign("reporter", ServiceClass::Standard, now()),
-        )
+    let res = signed_get(format!("{gpu_time}?model={MODEL}"))
         .send()
         .await
         .unwrap();

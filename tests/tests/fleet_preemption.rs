@@ -96,6 +96,63 @@ async fn start(stack: &TestStack, profile: &str) -> (Service, String, Service) {
     (gateway, url, start_ingest(stack))
 }
 
+/// Where the `tiny` model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Serving {
+    /// The gateway's own simulator.
+    Simulated,
+    /// The `engine` binary over HTTP, as vLLM would be (GPU time from the
+    /// gateways' ledger, reported from it).
+    Http,
+}
+
+/// [`start`] for `serving`; also the engine process (HTTP) and the URL
+/// whose `/metrics` has the replica's `vllm:` gauges.
+async fn start_serving(
+    stack: &TestStack,
+    profile: &str,
+    serving: Serving,
+) -> (Service, String, Service, Option<Service>, String) {
+    if serving == Serving::Simulated {
+        let (gateway, url, ingest) = start(stack, profile).await;
+        return (gateway, url.clone(), ingest, None, url);
+    }
+    let profiles = stack.dir.path().join("tiny.yaml");
+    std::fs::write(&profiles, profile).unwrap();
+    let secret = tests::engine::random_secret();
+    let (engine, engine_url) = tests::engine::start_engine_with(
+        stack.dir.path(),
+        1,
+        &secret,
+        &[("ENGINE_PROFILES", &profiles.display().to_string())],
+    )
+    .await;
+    let upstreams = tests::engine::write_upstreams(
+        &stack.dir.path().join("upstreams.yaml"),
+        &[tests::engine::vllm_entry(
+            "tiny",
+            &engine_url,
+            1024,
+            "tiny-http",
+            100,
+            "",
+        )],
+    );
+    let (gateway, url) = start_gateway_with(
+        stack,
+        1,
+        &[
+            ("GATEWAY_UPSTREAMS", upstreams),
+            (tests::engine::SECRET_ENV, secret),
+            ("GATEWAY_QUEUE", "on".into()),
+            ("GATEWAY_REPLICA_REPORT_SECS", "1".into()),
+            ("GATEWAY_REQUEST_TIMEOUT_SECS", "120".into()),
+        ],
+    )
+    .await;
+    (gateway, url, start_ingest(stack), Some(engine), engine_url)
+}
+
 type Answer = tokio::task::JoinHandle<(u16, Duration, String)>;
 
 /// Sends `body` with `key` in the background: its status, how long it
@@ -154,14 +211,26 @@ fn big() -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_priority_5_request_preempts_the_lowest_and_the_victim_still_gets_its_answer() {
-    let stack = TestStack::new("preempt").await;
+    priority_5_preempts_the_lowest(Serving::Simulated, "preempt").await;
+}
+
+/// The same with the model behind an HTTP engine: the victim's connection
+/// is closed (the engine aborts it) and it is sent again from the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_an_http_engine_a_waiting_priority_5_request_preempts_the_lowest_too() {
+    priority_5_preempts_the_lowest(Serving::Http, "preempthttp").await;
+}
+
+async fn priority_5_preempts_the_lowest(serving: Serving, name: &str) {
+    let stack = TestStack::new(name).await;
     seed(
         &stack,
         &[("batch", BATCH, 1), ("tools", TOOLS, 3), ("prod", PROD, 5)],
         "prod",
     )
     .await;
-    let (mut gateway, url, ingest) = start(&stack, &tiny(1, None)).await;
+    let (mut gateway, url, ingest, engine, gauges) =
+        start_serving(&stack, &tiny(1, None), serving).await;
     let send = |key: &'static str, body: Value| send(&url, key, body);
     // Two best-effort requests and one standard fill the replica past 92%.
     let mut fill = Vec::new();
@@ -178,7 +247,7 @@ async fn a_waiting_priority_5_request_preempts_the_lowest_and_the_victim_still_g
     // class's 92%, so a priority-5 request finds no room.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let m = tests::gateway::metrics(&url).await;
+        let m = tests::gateway::metrics(&gauges).await;
         let gauge = |name: &str| {
             m.lines()
                 .find(|l| l.starts_with(&format!("{name}{{model_name=\"tiny\"")))
@@ -251,29 +320,102 @@ async fn a_waiting_priority_5_request_preempts_the_lowest_and_the_victim_still_g
         gateway.log_text()
     );
     // The replica's busy GPU time = every request's GPU time, lost work included.
+    busy_reported_equals_billed(&stack).await;
+    drop((ingest, engine));
+}
+
+/// Waits for the last replica reports (a graceful stop writes them), then
+/// checks that the replicas' reported busy GPU time is every request's
+/// billed GPU time, lost work included, exactly.
+async fn busy_reported_equals_billed(stack: &TestStack) {
+    let billed = stack
+        .decimal("SELECT coalesce(sum(gpu_seconds), 0) FROM request_log")
+        .await;
     let mut busy = Decimal::ZERO;
-    for _ in 0..60 {
-        let (b,): (Option<Decimal>,) =
-            sqlx::query_as("SELECT sum(busy_gpu_seconds) FROM replica_reports")
-                .fetch_one(&stack.pool)
-                .await
-                .unwrap();
-        busy = b.unwrap_or_default();
-        let billed: Decimal = rows.iter().map(|r| r.2).sum();
+    for _ in 0..120 {
+        busy = stack
+            .decimal("SELECT coalesce(sum(busy_gpu_seconds), 0) FROM replica_reports")
+            .await;
         if busy == billed {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let billed: Decimal = rows.iter().map(|r| r.2).sum();
     assert_eq!(
         busy, billed,
         "attributed + wasted = busy GPU-seconds, exactly"
     );
-    drop(ingest);
+}
+
+/// The owner's dedicated replicas' (busy, lent) GPU-seconds, as reported.
+async fn owners_replica(stack: &TestStack) -> (Decimal, Decimal) {
+    let (busy, lent): (Option<Decimal>, Option<Decimal>) = sqlx::query_as(
+        "SELECT sum(busy_gpu_seconds), sum(lent_gpu_seconds) FROM dedicated_capacity_hourly
+         WHERE owner_id = 'owner'",
+    )
+    .fetch_one(&stack.pool)
+    .await
+    .unwrap();
+    (busy.unwrap_or_default(), lent.unwrap_or_default())
+}
+
+/// The borrower's `i`th request: ~40 of a tiny replica's 128 blocks.
+fn borrow(i: usize, seed: u64) -> Value {
+    json!({
+        "model": "tiny",
+        "messages": [{"role": "user", "content": format!("borrow {i}:{}", " hello".repeat(620))}],
+        "max_tokens": 40,
+        "seed": seed,
+    })
 }
 
 const OWNER: &str = "sk-test-preempt-owner";
+
+/// The owner comes back to a full pool: its request waits, and at half its
+/// budget (5 s) it takes its replica back from the borrower; every
+/// borrowed request in `fill` still gets its answer (delay, not failure).
+/// Then the gateway stops, every request is billed, and the owner's ran on
+/// `its_replica`, which its event names as the owner's.
+async fn the_owner_takes_it_back(
+    stack: &TestStack,
+    url: &str,
+    gateway: &mut Service,
+    ingest: &Service,
+    fill: Vec<Answer>,
+    its_replica: &str,
+) {
+    let borrowed = fill.len();
+    let owner = send(
+        url,
+        OWNER,
+        json!({"model": "tiny", "messages": [{"role": "user", "content": "mine"}], "max_tokens": 40, "seed": seed_for(1..=40)}),
+    );
+    let (status, took, text) = owner.await.unwrap();
+    assert_eq!(status, 200, "{text}\n{}", gateway.log_tail());
+    assert!(
+        took >= Duration::from_millis(4_900),
+        "it waited for the preemption point (5 s) first: {took:?}"
+    );
+    one_preemption(url, "borrower", "owner").await;
+    for f in fill {
+        let (status, _, text) = f.await.unwrap();
+        assert_eq!(status, 200, "{}", &text[..text.len().min(300)]);
+    }
+    assert!(gateway.terminate(Duration::from_secs(30)).await.is_some());
+    wait_for_log(stack, "borrower", borrowed, &[gateway, ingest]).await;
+    wait_for_log(stack, "owner", 1, &[gateway, ingest]).await;
+    let (replica, dedicated_to): (String, Option<String>) = sqlx::query_as(
+        "SELECT replica_id, dedicated_to FROM request_log WHERE tenant_id = 'owner'",
+    )
+    .fetch_one(&stack.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (replica.as_str(), dedicated_to.as_deref()),
+        (its_replica, Some("owner"))
+    );
+}
+
 const BORROWER: &str = "sk-test-preempt-borrower";
 
 /// A seed whose simulated answer runs to `max_tokens` (40) for any prompt
@@ -321,20 +463,13 @@ async fn an_owner_takes_its_lent_replica_back_and_the_lent_time_is_credited_as_t
     let (mut gateway, url, ingest) = start(&stack, &tiny(2, Some("{ owner: 1 }"))).await;
     let client = reqwest::Client::new();
     let send = |key: &'static str, body: Value| send(&url, key, body);
-    let seed = seed_for(1..=40);
     let borrow_seed = seed_for(600..=700);
     // The owner is idle: its replica is lent. The borrower's four requests
     // (~40 of a replica's 128 blocks each, ~10 s) run two on each replica:
     // both past best effort's 60%.
     let mut fill = Vec::new();
     for i in 0..4 {
-        let body = json!({
-            "model": "tiny",
-            "messages": [{"role": "user", "content": format!("borrow {i}:{}", " hello".repeat(620))}],
-            "max_tokens": 40,
-            "seed": borrow_seed,
-        });
-        fill.push(send(BORROWER, body));
+        fill.push(send(BORROWER, borrow(i, borrow_seed)));
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -355,41 +490,12 @@ async fn an_owner_takes_its_lent_replica_back_and_the_lent_time_is_credited_as_t
     // The owner comes back: no replica admits it, so it waits; at half its
     // budget it takes its replica back (the borrower's request there that
     // lost least), and nobody else may start there meanwhile.
-    let owner = send(
-        OWNER,
-        json!({"model": "tiny", "messages": [{"role": "user", "content": "mine"}], "max_tokens": 40, "seed": seed}),
-    );
-    let (status, took, text) = owner.await.unwrap();
-    assert_eq!(status, 200, "{text}\n{}", gateway.log_tail());
-    assert!(
-        took >= Duration::from_millis(4_900),
-        "it waited for the preemption point (5 s) first: {took:?}"
-    );
-    one_preemption(&url, "borrower", "owner").await;
-    // Delay, not failure: every borrowed request gets its answer.
-    for f in fill {
-        let (status, _, text) = f.await.unwrap();
-        assert_eq!(status, 200, "{}", &text[..text.len().min(300)]);
-    }
-    assert!(gateway.terminate(Duration::from_secs(30)).await.is_some());
-    wait_for_log(&stack, "borrower", 4, &[&gateway, &ingest]).await;
-    wait_for_log(&stack, "owner", 1, &[&gateway, &ingest]).await;
+    the_owner_takes_it_back(&stack, &url, &mut gateway, &ingest, fill, "tiny-r0").await;
 
-    // The owner ran on its own replica; the victim was the borrower's work
-    // there, and it finished on the shared replica (the owner's replica
-    // was not lent again while the owner waited or ran), so its event
-    // cannot say that part of its GPU time was spent on the owner's
-    // replica.
-    let (replica, dedicated_to): (String, Option<String>) = sqlx::query_as(
-        "SELECT replica_id, dedicated_to FROM request_log WHERE tenant_id = 'owner'",
-    )
-    .fetch_one(&stack.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        (replica.as_str(), dedicated_to.as_deref()),
-        ("tiny-r0", Some("owner"))
-    );
+    // The victim was the borrower's work on the owner's replica, and it
+    // finished on the shared replica (the owner's replica was not lent
+    // again while the owner waited or ran), so its event cannot say that
+    // part of its GPU time was spent on the owner's replica.
     let victims: Vec<(String, Decimal, Decimal)> = sqlx::query_as(
         "SELECT replica_id, gpu_seconds, preempted_gpu_seconds FROM request_log
          WHERE tenant_id = 'borrower' AND preemptions > 0",
@@ -402,37 +508,11 @@ async fn an_owner_takes_its_lent_replica_back_and_the_lent_time_is_credited_as_t
     assert!(*lost > Decimal::ZERO, "{victims:?}");
     assert_eq!(victim_replica, "tiny-r1", "{victims:?}");
 
-    // Wait for the last replica reports (the graceful stop wrote them).
-    let billed = stack
-        .decimal("SELECT sum(gpu_seconds) FROM request_log")
-        .await;
-    let mut busy = Decimal::ZERO;
-    for _ in 0..120 {
-        busy = stack
-            .decimal("SELECT sum(busy_gpu_seconds) FROM replica_reports")
-            .await;
-        if busy == billed {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    assert_eq!(
-        busy, billed,
-        "attributed + wasted = busy GPU-seconds, exactly"
-    );
+    busy_reported_equals_billed(&stack).await;
     // The owner's replica: its busy time is the owner's own usage there
     // plus what it lent — the lost attempt included, which the events that
     // ended there do not hold.
-    let r0_busy = stack
-        .decimal(
-            "SELECT sum(busy_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner'",
-        )
-        .await;
-    let lent = stack
-        .decimal(
-            "SELECT sum(lent_gpu_seconds) FROM dedicated_capacity_hourly WHERE owner_id = 'owner'",
-        )
-        .await;
+    let (r0_busy, lent) = owners_replica(&stack).await;
     let own = stack.decimal("SELECT sum(gpu_seconds) FROM request_log WHERE replica_id = 'tiny-r0' AND tenant_id = 'owner'",
     )
     .await;
@@ -480,4 +560,140 @@ async fn an_owner_takes_its_lent_replica_back_and_the_lent_time_is_credited_as_t
     assert_eq!(hours, (lent / Decimal::from(3600)).round_dp(6), "{invoice}");
     drop(billing);
     drop(ingest);
+}
+
+/// The same taking back over HTTP: two `engine` processes as two vLLM
+/// URLs of `tiny`, one `dedicated_to` the owner. The borrower's work fills
+/// both (the owner's is lent while it is idle); the owner's
+/// request finds no room, waits, and at half its budget the gateway closes
+/// the lent request on the owner's replica (the engine aborts it), which
+/// runs again elsewhere. The owner's replica's reported time is its own
+/// usage plus what it lent, the aborted attempt included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_takes_its_lent_vllm_replica_back() {
+    let stack = TestStack::new("ownerpreempthttp").await;
+    seed(
+        &stack,
+        &[("owner", OWNER, 2), ("borrower", BORROWER, 4)],
+        "owner",
+    )
+    .await;
+    let profiles = stack.dir.path().join("tiny.yaml");
+    std::fs::write(&profiles, tiny(1, None)).unwrap();
+    let secret = tests::engine::random_secret();
+    let profiles_env = profiles.display().to_string();
+    let tiny_engine = [("ENGINE_PROFILES", profiles_env.as_str())];
+    let (own_engine, own_url) =
+        tests::engine::start_engine_with(stack.dir.path(), 1, &secret, &tiny_engine).await;
+    let (shared_engine, shared_url) =
+        tests::engine::start_engine_with(stack.dir.path(), 1, &secret, &tiny_engine).await;
+    let upstreams = tests::engine::write_upstreams(
+        &stack.dir.path().join("upstreams.yaml"),
+        &[
+            tests::engine::vllm_entry(
+                "tiny",
+                &own_url,
+                1024,
+                "tiny-own",
+                100,
+                "    dedicated_to: owner\n",
+            ),
+            tests::engine::vllm_entry("tiny", &shared_url, 1024, "tiny-shared", 100, ""),
+        ],
+    );
+    let (mut gateway, url) = start_gateway_with(
+        &stack,
+        1,
+        &[
+            ("GATEWAY_UPSTREAMS", upstreams),
+            (tests::engine::SECRET_ENV, secret.clone()),
+            ("GATEWAY_QUEUE", "on".into()),
+            ("GATEWAY_REPLICA_REPORT_SECS", "1".into()),
+            ("GATEWAY_REQUEST_TIMEOUT_SECS", "120".into()),
+        ],
+    )
+    .await;
+    let ingest = start_ingest(&stack);
+    let send = |key: &'static str, body: Value| send(&url, key, body);
+    let borrow_seed = seed_for(600..=700);
+    // Five of ~40 blocks each: the shared replica takes three (the third
+    // waits there: its blocks would pass 92%), refuses the fourth and the
+    // fifth, which the owner's idle replica takes (lent).
+    let mut fill = Vec::new();
+    for i in 0..5 {
+        fill.push(send(BORROWER, borrow(i, borrow_seed)));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut runs = Vec::new();
+        for base in [&own_url, &shared_url] {
+            let m = tests::gateway::metrics(base).await;
+            runs.push(
+                per_replica(&m, "vllm:num_requests_running")
+                    .values()
+                    .sum::<f64>(),
+            );
+        }
+        if runs == [2.0, 2.0] {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let mut done = Vec::new();
+            for f in fill {
+                if f.is_finished() {
+                    done.push(f.await.unwrap());
+                }
+            }
+            panic!(
+                "the replicas never filled ({runs:?} running; finished: {done:?}):\n{}",
+                gateway.log_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    the_owner_takes_it_back(&stack, &url, &mut gateway, &ingest, fill, "tiny-own").await;
+    let victims: Vec<(String, Decimal)> = sqlx::query_as(
+        "SELECT replica_id, preempted_gpu_seconds FROM request_log
+         WHERE tenant_id = 'borrower' AND preemptions > 0",
+    )
+    .fetch_all(&stack.pool)
+    .await
+    .unwrap();
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    let (victim_replica, lost) = &victims[0];
+    assert!(*lost > Decimal::ZERO, "{victims:?}");
+
+    // Every GPU-second billed is a reported busy one, and the owner's
+    // replica's is its own usage plus what it lent — the aborted attempt
+    // included, which no event that ended there holds.
+    busy_reported_equals_billed(&stack).await;
+    let (own_busy, lent) = owners_replica(&stack).await;
+    let own = stack
+        .decimal("SELECT sum(gpu_seconds) FROM request_log WHERE tenant_id = 'owner'")
+        .await;
+    let ended_there = stack
+        .decimal(
+            "SELECT coalesce(sum(gpu_seconds), 0) FROM request_log
+             WHERE dedicated_to = 'owner' AND tenant_id <> 'owner'",
+        )
+        .await;
+    assert_eq!(
+        own_busy,
+        own + lent,
+        "the owner's replica: own + lent = busy"
+    );
+    // The aborted attempt ran on the owner's replica: if the victim then
+    // ended on the shared one, no event that ended there holds it.
+    let aborted_elsewhere = if victim_replica == "tiny-own" {
+        Decimal::ZERO
+    } else {
+        *lost
+    };
+    assert_eq!(
+        lent,
+        ended_there + aborted_elsewhere,
+        "lent {lent}: the events that ended there {ended_there}, the victim ended on {victim_replica}"
+    );
+    drop((ingest, own_engine, shared_engine));
 }

@@ -72,17 +72,6 @@ async fn wait_mode(url: &str, want: &str, within: Duration) -> Duration {
     }
 }
 
-/// A `seed` for which the simulated model answers a prompt of
-/// `prompt_tokens` with at least `at_least` tokens (answers are 16 to 600
-/// tokens, fixed by seed and prompt length), so a request meant to stay
-/// in flight does not end early on a fast or a slow machine.
-fn seed_for_long_answer(prompt_tokens: i64, at_least: u32) -> u64 {
-    let pt = u64::try_from(prompt_tokens).unwrap();
-    (0..10_000)
-        .find(|&s| engine::simulator::natural_output_tokens(s, pt) >= at_least)
-        .expect("a seed for a long answer")
-}
-
 /// What the client was told in a 200: (prompt, cached, completion).
 fn usage(v: &Value) -> (i64, i64, i64) {
     let u = &v["usage"];
@@ -265,7 +254,7 @@ async fn a_killed_gateways_concurrency_returns_and_nothing_it_answered_is_lost_o
     }
     // Three long streams (500+ tokens each, about 10 s) hold the tenant's
     // whole concurrency on a; "long n" is as long a prompt as "short n".
-    let seed = seed_for_long_answer(prompt_tokens, 500);
+    let seed = tests::engine::seed_for_long_answer(u64::try_from(prompt_tokens).unwrap(), 500);
     let mut streams = Vec::new();
     for n in 0..3 {
         let mut body = chat("llama-3.1-70b", &format!("long {n}"), 4000);
@@ -360,7 +349,10 @@ async fn idempotent_retries_across_gateways_kills_and_a_redis_restart_are_billed
     // however slow or fast this machine is.
     let prompt_tokens = usage(&first_body).0;
     let mut slow = chat("llama-3.1-70b", "order 2", 600);
-    slow["seed"] = json!(seed_for_long_answer(prompt_tokens, 300));
+    slow["seed"] = json!(tests::engine::seed_for_long_answer(
+        u64::try_from(prompt_tokens).unwrap(),
+        300
+    ));
     slow["stream"] = json!(true);
     slow["stream_options"] = json!({"include_usage": true});
     let mut running = send(&url_a, "order-2", &slow).await.unwrap();

@@ -30,6 +30,85 @@ fn long(i: usize) -> Value {
     })
 }
 
+/// Sends long streams as the flood tenant 300 ms apart, holding each one
+/// answered, until one is refused: it must be 429 `queue_timeout` (a full
+/// model queues, never 503) after waiting its `budget`. The streams held.
+async fn flood_until_one_times_out(
+    client: &reqwest::Client,
+    chat: &str,
+    budget: Duration,
+) -> Vec<reqwest::Response> {
+    let mut held = Vec::new();
+    for i in 0..40 {
+        let started = Instant::now();
+        let res = client
+            .post(chat)
+            .bearer_auth(FLOOD)
+            .json(&long(i))
+            .send()
+            .await
+            .unwrap();
+        match res.status().as_u16() {
+            200 => held.push(res),
+            429 => {
+                let waited = started.elapsed();
+                assert!(held.len() >= 2, "several long requests fit first");
+                assert!(
+                    waited >= budget - Duration::from_millis(100),
+                    "it waited its {budget:?} budget first, not {waited:?}"
+                );
+                assert!(res.headers().contains_key("retry-after-ms"));
+                let v: Value = res.json().await.unwrap();
+                assert_eq!(v["error"]["code"], "queue_timeout", "{v}");
+                assert_eq!(v["error"]["type"], "queue", "{v}");
+                return held;
+            }
+            s => panic!(
+                "unexpected {s} (a full model queues, never 503): {}",
+                res.text().await.unwrap()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    panic!("the model never filled")
+}
+
+/// One more long stream waits in line; the last held one ends (its client
+/// leaves): the waiting one runs when room comes, within its budget (one
+/// still waiting at the end of its budget is answered 429), and joins
+/// `held`.
+async fn the_next_in_line_runs_when_room_comes(
+    client: &reqwest::Client,
+    chat: &str,
+    held: &mut Vec<reqwest::Response>,
+    gateway: &tests::Service,
+) {
+    let waiting = tokio::spawn({
+        let (client, chat) = (client.clone(), chat.to_owned());
+        async move {
+            let started = Instant::now();
+            let res = client
+                .post(&chat)
+                .bearer_auth(FLOOD)
+                .json(&long(99))
+                .send()
+                .await
+                .unwrap();
+            (res.status().as_u16(), started.elapsed(), res)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(held.pop());
+    let (status, took, res) = waiting.await.unwrap();
+    assert_eq!(
+        status,
+        200,
+        "not run when room came (after {took:?}): {}",
+        gateway.log_tail()
+    );
+    held.push(res);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_replica_queues_and_a_freed_one_takes_the_next_in_line() {
     let stack = TestStack::new("gwqueue").await;
@@ -45,66 +124,12 @@ async fn a_full_replica_queues_and_a_freed_one_takes_the_next_in_line() {
     let ingest = start_ingest(&stack);
     let client = reqwest::Client::new();
     let chat = format!("{url}/v1/chat/completions");
-    let send = |b: Value| client.post(&chat).bearer_auth(FLOOD).json(&b).send();
 
     // Fill the 8B replica's KV until a request waits its whole budget.
-    let mut held = Vec::new();
-    let mut timed_out = None;
-    for i in 0..40 {
-        let started = Instant::now();
-        let res = send(long(i)).await.unwrap();
-        match res.status().as_u16() {
-            200 => held.push(res),
-            429 => {
-                timed_out = Some((res, started.elapsed()));
-                break;
-            }
-            s => panic!(
-                "unexpected {s} (a full replica queues, never 503): {}",
-                res.text().await.unwrap()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    let (res, waited) = timed_out.expect("the replica never filled");
-    assert!(held.len() >= 2, "several long requests fit first");
-    assert!(
-        waited >= Duration::from_millis(1_900),
-        "it waited its 2 s budget first, not {waited:?}"
-    );
-    assert!(res.headers().contains_key("retry-after-ms"));
-    let v: Value = res.json().await.unwrap();
-    assert_eq!(v["error"]["code"], "queue_timeout", "{v}");
-    assert_eq!(v["error"]["type"], "queue", "{v}");
-
+    let mut held = flood_until_one_times_out(&client, &chat, Duration::from_secs(2)).await;
     // One more waits in line; one of the long streams ends (its client
     // leaves): the waiting one runs at once, well within its budget.
-    let waiting = tokio::spawn({
-        let (client, chat) = (client.clone(), chat.clone());
-        async move {
-            let started = Instant::now();
-            let res = client
-                .post(&chat)
-                .bearer_auth(FLOOD)
-                .json(&long(99))
-                .send()
-                .await
-                .unwrap();
-            (res.status().as_u16(), started.elapsed(), res)
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    drop(held.pop());
-    // Its budget is 2 s: a 200 means it ran when room came, within it (a
-    // request still waiting at the end of its budget is answered 429).
-    let (status, took, res) = waiting.await.unwrap();
-    assert_eq!(
-        status,
-        200,
-        "not run when room came (after {took:?}): {}",
-        gateway.log_tail()
-    );
-    held.push(res);
+    the_next_in_line_runs_when_room_comes(&client, &chat, &mut held, &gateway).await;
     let m = tests::gateway::metrics(&url).await;
     assert!(
         m.lines().any(|l| l.starts_with("gateway_rejections_total{")
@@ -278,4 +303,109 @@ async fn a_saturated_pool_refuses_priority_one_until_it_recovers() {
         assert!(Instant::now() < deadline, "priority 1 never came back");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The same with the model behind an HTTP upstream (the `engine` binary
+/// standing in for vLLM): its refusals for the class — the gateway's last
+/// KV poll, or the engine's own 503 — wait in the fair queue instead of
+/// reaching the client, the one in line runs when room comes, and a
+/// request the upstream refused leaves the gateways' shared GPU-time
+/// ledger at once (before, every refusal stayed a member for good and took
+/// a share of each later busy period that nobody was billed for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_http_upstream_queues_too_and_its_refusals_leave_the_shared_ledger() {
+    let stack = TestStack::new("gwqueuehttp").await;
+    seed_tenant(&stack, "flood", FLOOD, generous()).await;
+    // Best effort, with a 4 s TTFT objective: a 4 s wait budget.
+    sqlx::query(
+        "UPDATE tenants SET priority = 1, slo_ttft_p95_ms = 4000 WHERE tenant_id = 'flood'",
+    )
+    .execute(&stack.pool)
+    .await
+    .unwrap();
+    let secret = tests::engine::random_secret();
+    let (engine, engine_url) = tests::engine::start_engine(stack.dir.path(), 1, &secret).await;
+    let upstreams = tests::engine::write_upstreams(
+        &stack.dir.path().join("upstreams.yaml"),
+        &[tests::engine::vllm_entry(
+            "llama-3.1-8b",
+            &engine_url,
+            131_072,
+            "http-8b",
+            200,
+            "",
+        )],
+    );
+    let (gateway, url) = start_gateway_with(
+        &stack,
+        1,
+        &[
+            ("GATEWAY_QUEUE", "on".into()),
+            ("GATEWAY_UPSTREAMS", upstreams),
+            (tests::engine::SECRET_ENV, secret),
+        ],
+    )
+    .await;
+    let ingest = start_ingest(&stack);
+    let client = reqwest::Client::new();
+    let chat = format!("{url}/v1/chat/completions");
+    let send = |b: Value| client.post(&chat).bearer_auth(FLOOD).json(&b).send();
+
+    let mut held = flood_until_one_times_out(&client, &chat, Duration::from_secs(4)).await;
+    the_next_in_line_runs_when_room_comes(&client, &chat, &mut held, &gateway).await;
+    let ran = held.len() + 1;
+    drop(held);
+    let rows = wait_for_log(&stack, "flood", ran, &[&gateway, &ingest, &engine]).await;
+    assert_eq!(rows.len(), ran, "{rows:?}");
+
+    // Every request has left the shared ledger: the ledger's whole equals
+    // what it handed to billed requests plus what refused ones held, and
+    // stays put now that nothing runs. A refusal left in it would keep the
+    // replica "busy" (its share growing, unbilled) for good.
+    let figure = |m: &str, name: &str| -> rust_decimal::Decimal {
+        m.lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains("http-8b"))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing: {m}"))
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let m = tests::gateway::metrics(&url).await;
+    let busy = figure(&m, "gateway_upstream_shared_busy_gpu_seconds_total");
+    let attributed = figure(&m, "gateway_upstream_shared_attributed_gpu_seconds_total");
+    let reaped = figure(&m, "gateway_upstream_shared_reaped_gpu_seconds_total");
+    assert_eq!(busy, attributed + reaped, "{m}");
+    let billed: rust_decimal::Decimal =
+        sqlx::query_scalar("SELECT sum(gpu_seconds) FROM request_log WHERE tenant_id = 'flood'")
+            .fetch_one(&stack.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        billed, attributed,
+        "what the ledger handed out is what was billed"
+    );
+    // One more short request after a pause: it alone is in the ledger
+    // while it runs, so the busy time it adds is its own GPU time.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let res = send(json!({
+        "model": "llama-3.1-8b",
+        "messages": [{"role": "user", "content": "after the flood"}],
+        "max_tokens": 20,
+    }))
+    .await
+    .unwrap();
+    assert_eq!(res.status(), 200);
+    res.text().await.unwrap();
+    let rows = wait_for_log(&stack, "flood", ran + 1, &[&gateway, &ingest]).await;
+    assert_eq!(rows.len(), ran + 1);
+    let m = tests::gateway::metrics(&url).await;
+    let billed_after: rust_decimal::Decimal =
+        sqlx::query_scalar("SELECT sum(gpu_seconds) FROM request_log WHERE tenant_id = 'flood'")
+            .fetch_one(&stack.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        figure(&m, "gateway_upstream_shared_busy_gpu_seconds_total") - busy,
+        billed_after - billed,
+        "the pause was not busy time, and the last request had the replica to itself: {m}"
+    );
 }

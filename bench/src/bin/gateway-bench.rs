@@ -505,6 +505,7 @@ fn remote_model(model: &str, base: &str) -> RemoteModel {
         idle_timeout_secs: 60,
         kv_poll_ms: 0,
         replica_reports: false,
+        dedicated_to: None,
     }
 }
 

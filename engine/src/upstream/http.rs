@@ -38,6 +38,7 @@ use crate::openai::{ErrorBody, Meterline, Usage};
 use crate::scheduler::ServiceClass;
 use crate::simulator::{Completion, CompletionRequest, GpuTimeReadings, Piece, GPU_TIME_PATH};
 use crate::tokenizer;
+use crate::upstream::dedicated::{Dedicated, OwnerBusy};
 use crate::upstream::ledger::{Ledger, Share, SharedLedger, SHARED_GROW_EVERY};
 use crate::upstream::occupancy::{self, Occupancy};
 use crate::upstream::{GpuTime, RemoteModel};
@@ -62,6 +63,8 @@ pub struct HttpUpstream {
     /// Until when (ms since the Unix epoch) the replica is out of its
     /// pool: it could not be reached.
     down_until_ms: std::sync::atomic::AtomicU64,
+    /// Its owner, when it is dedicated (`dedicated_to`).
+    pub dedicated: Option<Arc<Dedicated>>,
 }
 
 /// The name a gateway signs its reads of an engine's GPU time with (no
@@ -91,6 +94,48 @@ impl HttpUpstream {
             now_ms() + DOWN_FOR.as_millis() as u64,
             std::sync::atomic::Ordering::Release,
         );
+    }
+
+    /// The error for a request the upstream did not take: not reached, or
+    /// answered with a status that is not a success. 429 and 503 are
+    /// [`EngineError::UpstreamBusy`] (it did no work: the request may be
+    /// sent again, here or to another replica).
+    async fn refusal(&self, failed: Result<reqwest::Response, reqwest::Error>) -> EngineError {
+        let model = &self.config.model;
+        let upstream_error = |detail: String| EngineError::Upstream {
+            model: model.clone(),
+            detail,
+        };
+        let response = match failed {
+            Ok(response) => response,
+            Err(e) => {
+                if e.is_connect() {
+                    // Nothing reached it: out of the pool for a while, and
+                    // the request may go to another replica.
+                    self.mark_down();
+                }
+                return upstream_error(format!("{}: {e}", self.url));
+            }
+        };
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        let body = serde_json::from_str::<ErrorBody>(&text).ok();
+        let param = body.as_ref().and_then(|b| b.error.param.clone());
+        let message = body.map_or_else(|| text.chars().take(300).collect(), |b| b.error.message);
+        match status {
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+                EngineError::UpstreamBusy {
+                    model: model.clone(),
+                    detail: message,
+                }
+            }
+            StatusCode::NOT_FOUND => EngineError::UnknownModel(model.clone()),
+            s if s.is_client_error() => match param {
+                Some(param) => EngineError::InvalidParam { param, message },
+                None => EngineError::BadRequest(message),
+            },
+            s => upstream_error(format!("{s}: {message}")),
+        }
     }
 
     pub fn new(config: RemoteModel) -> Result<Self, EngineError> {
@@ -146,6 +191,10 @@ impl HttpUpstream {
             shared: None,
             occupancy,
             down_until_ms: std::sync::atomic::AtomicU64::new(0),
+            dedicated: config
+                .dedicated_to
+                .clone()
+                .map(|owner| Arc::new(Dedicated::new(owner))),
             api_key,
             signer,
             client,
@@ -253,6 +302,19 @@ impl HttpUpstream {
                 ),
             });
         }
+        // On a dedicated replica: the owner's request counts as running
+        // there from now; another tenant's starts only if it is lent.
+        let (owner_running, lent_from) = match &self.dedicated {
+            Some(d) if d.owner == req.tenant_id => (Some(Dedicated::hold(vec![d.clone()])), None),
+            Some(d) if !d.lends() => {
+                return Err(EngineError::UpstreamBusy {
+                    model: c.model.clone(),
+                    detail: format!("the replica is dedicated to {}, which is using it", d.owner),
+                });
+            }
+            Some(d) => (None, Some(d.clone())),
+            None => (None, None),
+        };
         let body = self.body(req);
         let prompt_tokens = tokenizer::count(&req.prompt);
         let mut request = self.client.post(&self.url).json(&Value::Object(body));
@@ -284,40 +346,18 @@ impl HttpUpstream {
                 }),
             None => None,
         };
-        let upstream_error = |detail: String| EngineError::Upstream {
-            model: c.model.clone(),
-            detail,
-        };
-        let response = request.send().await.map_err(|e| {
-            if e.is_connect() {
-                // Nothing reached it: out of the pool for a while, and the
-                // request may go to another replica.
-                self.mark_down();
-            }
-            upstream_error(format!("{}: {e}", self.url))
-        })?;
-        let status = response.status();
-        if !status.is_success() {
-            let text = response.text().await.unwrap_or_default();
-            let body = serde_json::from_str::<ErrorBody>(&text).ok();
-            let param = body.as_ref().and_then(|b| b.error.param.clone());
-            let message =
-                body.map_or_else(|| text.chars().take(300).collect(), |b| b.error.message);
-            return Err(match status {
-                StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
-                    EngineError::UpstreamBusy {
-                        model: c.model.clone(),
-                        detail: message,
-                    }
+        let response = match request.send().await {
+            Ok(response) if response.status().is_success() => response,
+            failed => {
+                // Not run (refused, or not reached): out of the shared
+                // ledger at once, or it would keep a share of the replica's
+                // time that nobody is billed for.
+                if let Some(shared) = shared {
+                    shared.refused().await;
                 }
-                StatusCode::NOT_FOUND => EngineError::UnknownModel(c.model.clone()),
-                s if s.is_client_error() => match param {
-                    Some(param) => EngineError::InvalidParam { param, message },
-                    None => EngineError::BadRequest(message),
-                },
-                s => upstream_error(format!("{s}: {message}")),
-            });
-        }
+                return Err(self.refusal(failed).await);
+            }
+        };
         Ok(HttpGeneration {
             events: Some(Box::pin(response.bytes_stream().eventsource())),
             share: Some(share),
@@ -333,6 +373,8 @@ impl HttpUpstream {
             usage: None,
             reported: None,
             model: c.model.clone(),
+            owner_running,
+            lent_from,
             names: Names {
                 version: c.model_version.clone(),
                 replica: c.replica_id.clone(),
@@ -364,6 +406,10 @@ pub struct HttpGeneration {
     /// Meterline's engine's extension: its own exact GPU figures.
     reported: Option<Meterline>,
     model: String,
+    /// The owner's request on its dedicated replica: running there.
+    owner_running: Option<OwnerBusy>,
+    /// Another tenant's request on a dedicated replica: what it lent.
+    lent_from: Option<Arc<Dedicated>>,
     names: Names,
 }
 
@@ -378,6 +424,11 @@ struct SharedShare {
 }
 
 impl SharedShare {
+    /// Leaves the ledger without a usage event (the upstream refused it).
+    async fn refused(self) {
+        let _ = self.ledger.refused(&self.replica, self.gpus, self.id).await;
+    }
+
     async fn grow(&mut self, tokens: u64) {
         self.pending += tokens;
         if self.pending >= SHARED_GROW_EVERY {
@@ -487,16 +538,37 @@ impl HttpGeneration {
     /// the replica's time there (`None`: not in one, or it did not answer).
     async fn leave_shared(&mut self) -> Option<u64> {
         let shared = self.shared.take()?;
+        let lent = self.lent_from.is_some();
         shared
             .ledger
-            .leave(&shared.replica, shared.gpus, shared.id)
+            .leave(&shared.replica, shared.gpus, shared.id, lent)
             .await
+    }
+
+    /// The replica it runs on, as configured.
+    pub fn replica_id(&self) -> &str {
+        self.names
+            .replica
+            .as_deref()
+            .unwrap_or(&self.names.default_replica)
+    }
+
+    /// The tenant owning the dedicated replica it runs on, if it does.
+    pub fn dedicated_to(&self) -> Option<&str> {
+        match (&self.lent_from, &self.owner_running) {
+            (Some(d), _) => Some(&d.owner),
+            (None, Some(running)) => running.owner(),
+            (None, None) => None,
+        }
     }
 
     /// The completion; `shared`: the micro-GPU-seconds the shared ledger
     /// gave, which take the place of this gateway's own ledger's.
     fn completion(&mut self, shared: Option<u64>) -> Completion {
         let local = self.share.take().map_or(0, Share::finish);
+        if let Some(d) = &self.lent_from {
+            d.lent(shared.unwrap_or(local));
+        }
         let derived = to_gpu_seconds(shared.unwrap_or(local));
         let now = Instant::now();
         let (gpu_seconds, preempted, preemptions, dedicated_to) =
@@ -507,7 +579,12 @@ impl HttpGeneration {
                     r.preemptions,
                     r.dedicated_to.clone(),
                 ),
-                _ => (derived, Decimal::ZERO, 0, None),
+                _ => (
+                    derived,
+                    Decimal::ZERO,
+                    0,
+                    self.dedicated_to().map(str::to_owned),
+                ),
             };
         let reported = self.reported.take();
         let usage = self.usage.take();

@@ -113,6 +113,15 @@ impl Ledger {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Time run to now: (µs since the ledger began, busy µs × GPUs in
+    /// them), for the replica's reports (idle = the rest of µs × GPUs).
+    pub fn elapsed_and_busy(&self) -> (u64, u64) {
+        let now = self.now();
+        let mut inner = self.lock();
+        inner.advance(now, self.gpus, &self.busy_gpu_micros);
+        (now, self.busy_gpu_micros())
+    }
+
     /// Busy µs × GPUs so far (every interval with a request in flight).
     pub fn busy_gpu_micros(&self) -> u64 {
         self.busy_gpu_micros.load(Ordering::Relaxed)
@@ -258,13 +267,24 @@ pub trait SharedLedger: Send + Sync + std::fmt::Debug {
         id: u64,
         tokens: u64,
     ) -> futures_util::future::BoxFuture<'a, Option<()>>;
-    /// The request leaves; its micro-GPU-seconds.
+    /// The request leaves; its micro-GPU-seconds. `lent`: it ran on a
+    /// replica dedicated to another tenant (its share is counted as lent
+    /// too, for the owner's reserved line).
     fn leave<'a>(
         &'a self,
         replica: &'a str,
         gpus: u32,
         id: u64,
+        lent: bool,
     ) -> futures_util::future::BoxFuture<'a, Option<u64>>;
+    /// The request leaves without a usage event (the upstream refused it):
+    /// its share is kept apart from what was handed to billed requests.
+    fn refused<'a>(
+        &'a self,
+        replica: &'a str,
+        gpus: u32,
+        id: u64,
+    ) -> futures_util::future::BoxFuture<'a, Option<()>>;
 }
 
 /// Tokens a request's weight grows by locally before the shared ledger hears of it.

@@ -19,7 +19,9 @@
 //!     idle_timeout_secs: 60         # optional: longest silence inside a response
 //!     kv_poll_ms: 1000              # optional: how often its /metrics KV usage is read (0: never)
 //!     replica_reports: false        # optional: true for the `engine` binary — one gateway (elected)
-//!                                   # reads its replicas' GPU time and reports their idle time
+//!                                   # reads its replicas' GPU time and reports their idle time;
+//!                                   # otherwise (vLLM) the gateways' GPU ledger is read instead
+//!     dedicated_to: acme-corp       # optional: the tenant that owns this replica (reserved capacity)
 //! ```
 //!
 //! With `identity_secret_env` every request carries `x-meterline-identity`,
@@ -42,10 +44,12 @@
 //! replica that cannot be reached leaves the pool for
 //! [`DOWN_FOR`](http::DOWN_FOR) and is tried again after.
 //!
+//! - [`dedicated`]: a replica one tenant owns, lent while it is idle
 //! - [`ledger`]: GPU time from wall time × in-flight token share, exactly
 //! - [`http`]: the HTTP client side of one upstream replica
 //! - [`occupancy`]: the upstream's KV usage, polled, for admission by class
 
+pub mod dedicated;
 pub mod http;
 pub mod ledger;
 pub mod occupancy;
@@ -101,9 +105,19 @@ pub struct RemoteModel {
     pub kv_poll_ms: u64,
     /// Report this upstream's replicas (busy, idle, lent GPU time) from its
     /// `GET /v1/replicas/gpu-time`: the `engine` binary serves it; vLLM
-    /// does not. Needs `identity_secret_env` (the read is signed).
+    /// does not (without it the replica is reported from the gateways'
+    /// GPU ledger: busy as they counted it, idle the rest of wall time ×
+    /// GPUs). Needs `identity_secret_env` (the read is signed).
     #[serde(default)]
     pub replica_reports: bool,
+    /// The tenant this replica is dedicated to (its reserved capacity):
+    /// the owner's requests go to it first; another tenant's start on it
+    /// only while the owner has nothing waiting or running there (lent),
+    /// and its time is reported as the owner's. For a replica the gateway
+    /// routes to (vLLM); an `engine` binary routes its own pool
+    /// (`ENGINE_DEDICATED`).
+    #[serde(default)]
+    pub dedicated_to: Option<String>,
 }
 
 fn default_kv_poll() -> u64 {
@@ -152,6 +166,20 @@ impl RemoteModel {
                         GET /v1/replicas/gpu-time only to a signed request)"
                     .into(),
             );
+        }
+        if let Some(owner) = &self.dedicated_to {
+            if owner.trim().is_empty() || owner.len() > 64 {
+                return Err(format!(
+                    "dedicated_to must be a tenant id of 1 to 64 characters, got {owner:?}"
+                ));
+            }
+            if self.replica_reports {
+                return Err(
+                    "dedicated_to cannot be set with replica_reports: true (an engine \
+                            binary routes its own replicas: set ENGINE_DEDICATED on it)"
+                        .into(),
+                );
+            }
         }
         if !(1..=3600).contains(&self.idle_timeout_secs) {
             return Err(format!(
@@ -327,7 +355,7 @@ impl Upstreams {
             ));
         }
         let mut last = None;
-        for upstream in route(&replicas, req.class.threshold_percent(), rand::random()) {
+        for upstream in route_for(&req.tenant_id, &replicas, req.class.threshold_percent()) {
             match upstream.start(req, stream).await {
                 Ok(g) => return Ok(Generation::Http(Box::new(g))),
                 // Busy for its class, or not reached: the next replica.
@@ -337,6 +365,41 @@ impl Upstreams {
             }
         }
         Err(last.unwrap_or_else(|| EngineError::UnknownModel(req.model.clone())))
+    }
+
+    /// Whether `tenant` owns replicas of `model` (simulated, or HTTP ones
+    /// with `dedicated_to`).
+    pub fn owns_replicas(&self, model: &str, tenant: &str) -> bool {
+        match self.model(model) {
+            Some(m) if m.remote => self.remote.iter().any(|r| {
+                r.config.model == model && r.dedicated.as_ref().is_some_and(|d| d.owner == tenant)
+            }),
+            Some(_) => self
+                .simulator
+                .profile(model)
+                .is_some_and(|p| p.dedicated.contains_key(tenant)),
+            None => false,
+        }
+    }
+
+    /// `tenant`'s request of `model` waits for room: while the guard is
+    /// held, no other tenant's request starts on `tenant`'s dedicated
+    /// replicas of the model. `None` when it has none.
+    pub fn owner_waiting(&self, model: &str, tenant: &str) -> Option<OwnerWaiting> {
+        if !self.model(model)?.remote {
+            return self
+                .simulator
+                .owner_waiting(model, tenant)
+                .map(OwnerWaiting::Simulated);
+        }
+        let owned: Vec<_> = self
+            .remote
+            .iter()
+            .filter(|r| r.config.model == model)
+            .filter_map(|r| r.dedicated.clone())
+            .filter(|d| d.owner == tenant)
+            .collect();
+        (!owned.is_empty()).then(|| OwnerWaiting::Http(dedicated::Dedicated::hold(owned)))
     }
 
     /// GPU time of a request whose engine could not say (it failed
@@ -349,6 +412,42 @@ impl Upstreams {
             _ => Decimal::ZERO,
         }
     }
+}
+
+/// The order to try a model's HTTP replicas in for `tenant`: the
+/// replicas dedicated to it, then the shared ones, then those dedicated
+/// to a tenant with nothing waiting or running there (lent), each group
+/// in [`route`]'s order; last those whose owner is using them, which
+/// refuse at once as busy (so a tenant left without a replica waits in
+/// the queue rather than seeing a shared replica's connection error).
+fn route_for<'a>(
+    tenant: &str,
+    replicas: &[&'a Arc<HttpUpstream>],
+    threshold_percent: u64,
+) -> Vec<&'a Arc<HttpUpstream>> {
+    // Each replica's group, its owner's state read once.
+    let ranked: Vec<(u8, &'a Arc<HttpUpstream>)> = replicas
+        .iter()
+        .map(|u| {
+            let rank = match u.dedicated.as_deref() {
+                Some(d) if d.owner == tenant => 0,
+                None => 1,
+                Some(d) if d.lends() => 2,
+                Some(_) => 3,
+            };
+            (rank, *u)
+        })
+        .collect();
+    (0..4)
+        .flat_map(|rank| {
+            let group: Vec<&'a Arc<HttpUpstream>> = ranked
+                .iter()
+                .filter(|(r, _)| *r == rank)
+                .map(|(_, u)| *u)
+                .collect();
+            route(&group, threshold_percent, rand::random())
+        })
+        .collect()
 }
 
 /// The order to try a model's HTTP replicas in: the better of two drawn
@@ -384,6 +483,14 @@ fn route<'a>(
     order
 }
 
+/// An owner's request waiting for room (see [`Upstreams::owner_waiting`]);
+/// dropping it ends the wait.
+#[derive(Debug)]
+pub enum OwnerWaiting {
+    Simulated(crate::replica_pool::OwnerWaiting),
+    Http(dedicated::OwnerBusy),
+}
+
 /// A request running on whichever engine serves its model.
 pub enum Generation {
     Simulated(simulator::Generation),
@@ -391,21 +498,20 @@ pub enum Generation {
 }
 
 impl Generation {
-    /// The simulated replica running it (an HTTP upstream's is known only
-    /// from its answer).
+    /// The replica running it (an HTTP upstream's configured name, as its
+    /// usage event carries it unless the engine names another).
     pub fn replica_id(&self) -> Option<&str> {
         match self {
             Self::Simulated(g) => Some(g.replica_id()),
-            Self::Http(_) => None,
+            Self::Http(g) => Some(g.replica_id()),
         }
     }
 
-    /// The tenant the simulated replica running it is dedicated to, if any
-    /// (HTTP upstreams have no dedicated replicas).
+    /// The tenant the replica running it is dedicated to, if any.
     pub fn dedicated_to(&self) -> Option<&str> {
         match self {
             Self::Simulated(g) => g.dedicated_to(),
-            Self::Http(_) => None,
+            Self::Http(g) => g.dedicated_to(),
         }
     }
 

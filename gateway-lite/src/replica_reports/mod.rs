@@ -8,11 +8,12 @@
 //!
 //! - a **simulated pool** lives inside its gateway, so each gateway reports
 //!   its own replicas (this module's [`Reporter`]);
-//! - an **`engine` binary** behind several gateways (an HTTP upstream with
-//!   `replica_reports: true`) serves its replicas' GPU time so far, and one
-//!   gateway at a time, elected in the shared Redis, reads it and reports
-//!   ([`remote`]). vLLM serves no such figures: its replicas' idle time is
-//!   not reported yet.
+//! - an **HTTP upstream** is reported by one gateway at a time, elected in
+//!   the shared Redis ([`remote`]). An `engine` binary (`replica_reports:
+//!   true`) serves its replicas' GPU time so far; any other (vLLM serves
+//!   no GPU time) is read from the gateways' shared GPU ledger
+//!   ([`crate::gpu_ledger`]): the replica's busy time over every gateway
+//!   in front of it, idle being the rest of wall time × GPUs.
 //!
 //! Every [`GATEWAY_REPLICA_REPORT_SECS`](crate::config::GatewayConfig) and
 //! at each UTC hour boundary the reporter reads every replica's GPU time so
@@ -143,7 +144,7 @@ pub struct Reporter {
     last: HashMap<String, Reading>,
     /// Replicas that died and were reported to the end.
     finished: HashSet<String>,
-    /// The `engine` binaries this gateway may be elected to report.
+    /// The HTTP upstreams this gateway may be elected to report.
     remote: Vec<remote::RemoteReplicas>,
 }
 
@@ -165,7 +166,6 @@ impl Reporter {
         let remote = engine
             .remote()
             .iter()
-            .filter(|u| u.config.replica_reports)
             .map(|u| remote::RemoteReplicas::new(u.clone(), cluster.clone()))
             .collect();
         let mut reporter = Self {

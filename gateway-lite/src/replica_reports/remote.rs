@@ -1,17 +1,31 @@
-//! Reporting an `engine` binary's replicas from one gateway at a time.
+//! Reporting an HTTP upstream's replicas from one gateway at a time.
 //!
-//! Several gateways stand in front of one `engine` binary; its replicas'
-//! time must be billed once. Each upstream with `replica_reports: true`
-//! has a hash in the shared Redis (`{prefix}replica-reports:{model}|{url}`)
-//! holding its reporter (`owner`), a `version` bumped at every change, and
-//! the `progress`: the engine instance and, per replica, the last reading
-//! reported. At each tick a gateway
+//! Several gateways stand in front of one upstream; its replicas' time
+//! must be billed once. Where the time is read from (a [`Source`]):
+//!
+//! - an **`engine` binary** (`replica_reports: true`) serves every
+//!   replica's busy, idle and lent GPU time since it started, at
+//!   [`GET /v1/replicas/gpu-time`](engine::GPU_TIME_PATH);
+//! - **any other upstream** (vLLM serves no GPU time) is one replica read
+//!   from the gateways' shared GPU ledger ([`crate::gpu_ledger`], every
+//!   gateway in front of it, on Redis's clock, since the ledger's epoch:
+//!   when Redis first saw the replica): busy is what the ledger handed to
+//!   requests that ended (their usage events' GPU time), lent the part of
+//!   it other tenants ran on a `dedicated_to` replica, idle the time
+//!   nothing ran plus what requests without a usage event held (see
+//!   [`LedgerFigures`]). Without Redis, this gateway's own ledger, since
+//!   the gateway started.
+//!
+//! Each upstream has a hash in the shared Redis
+//! (`{prefix}replica-reports:{model}|{url}`) holding its reporter
+//! (`owner`), a `version` bumped at every change, and the `progress`: the
+//! source's instance and, per replica, the last reading reported. At each
+//! tick a gateway
 //!
 //! 1. claims the hash ([`CLAIM`]) unless another gateway owns it and is
 //!    alive (its liveness key, 15 s): so a killed reporter is replaced
 //!    within 15 s and there is one reporter at a time;
-//! 2. reads the engine's [`GET /v1/replicas/gpu-time`](engine::GPU_TIME_PATH)
-//!    and computes the reports since the progress;
+//! 2. reads the source and computes the reports since the progress;
 //! 3. moves the progress on ([`ADVANCE`]) only if it still owns the hash at
 //!    the version it read — a gateway that lost the hash in between
 //!    reports nothing;
@@ -20,26 +34,29 @@
 //! Every interval is therefore reported by the one gateway that advanced
 //! past it: never twice. A reporter killed between 3 and 4 loses that one
 //! interval; the next reporter goes on from where the progress says. The
-//! reports name the engine instance as their reporter (`engine-{instance}`:
-//! the engine is the process hosting the replicas; which gateway carried a
-//! report is in its log), so their ids depend on the interval alone, never
-//! on the gateway that sent them.
+//! reports name the source instance as their reporter (`engine-{instance}`
+//! or `ledger-{epoch}`: which gateway carried a report is in its log), so
+//! their ids depend on the interval alone, never on the gateway that sent
+//! them.
 //!
-//! A new engine instance (its counters start again at zero) is reported
-//! from its start if it started less than [`FIRST_INTERVAL_WITHIN`] ago in
-//! the current UTC hour: one report from `started_at` per replica, whose
-//! id any repeat of it carries too (ingest stores it once; a repeat with
-//! other figures is a `conflict` dead letter). An instance found older than
-//! that (Redis lost the progress, or no gateway reached the engine for that
-//! long) starts a new interval with nothing reported, so the time since the
-//! last report is lost rather than counted twice. A replica that died is
-//! reported to its end, once. Redis keeps nothing on disk: if it restarts
-//! empty, the interval in progress is lost, not doubled.
+//! A new instance (an engine restarted, a ledger Redis lost: its counters
+//! start again at zero) is reported from its start if it started less
+//! than [`FIRST_INTERVAL_WITHIN`] ago in the current UTC hour: one report
+//! from `started_at` per replica, whose id any repeat of it carries too
+//! (ingest stores it once; a repeat with other figures is a `conflict`
+//! dead letter). An instance found older than that (Redis lost the
+//! progress, or no gateway reached the engine for that long) starts a new
+//! interval with nothing reported, so the time since the last report is
+//! lost rather than counted twice. A replica that died is reported to its
+//! end, once. Redis keeps nothing on disk: if it restarts empty, the
+//! interval in progress is lost, not doubled.
 //!
 //! While Redis is unreachable nothing is reported (another gateway may
 //! still reach it); the time is reported at the next tick that reaches it.
-//! A gateway without Redis (`GATEWAY_LIMITS=local`) is alone by
-//! definition and keeps the progress in memory.
+//! (A vLLM request that started while Redis was unreachable is missing
+//! from the shared ledger, so its time is reported as idle.) A gateway
+//! without Redis (`GATEWAY_LIMITS=local`) is alone by definition and keeps
+//! the progress in memory.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -55,6 +72,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{interval_reports, Reading};
 use crate::cluster::Cluster;
+use crate::gpu_ledger::RedisLedger;
 use crate::metering::now_ms;
 use crate::outbox::{Outbox, OutboxError};
 
@@ -117,10 +135,82 @@ impl Mark {
     }
 }
 
-/// One `engine` binary behind an HTTP upstream, reported by the elected
-/// gateway; see the module docs.
+/// Where an HTTP upstream's GPU time is read from.
+enum Source {
+    /// The `engine` binary serves its replicas' (`replica_reports: true`).
+    Engine,
+    /// The gateways' shared GPU ledger in Redis: the replica's busy time
+    /// over every gateway in front of it, since the ledger's epoch; idle
+    /// is the rest of wall time × GPUs (vLLM serves no GPU time).
+    SharedLedger(RedisLedger),
+    /// This gateway's own ledger (no Redis: the gateway is alone), since
+    /// the gateway started.
+    OwnLedger {
+        instance: String,
+        started_at_ms: i64,
+    },
+}
+
+impl Source {
+    /// The first part of its reports' reporter id.
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Engine => "engine",
+            Self::SharedLedger(_) | Self::OwnLedger { .. } => "ledger",
+        }
+    }
+}
+
+/// A GPU ledger's figures for one replica, GPU-µs since `started_at_ms`.
+struct LedgerFigures {
+    instance: String,
+    started_at_ms: i64,
+    elapsed_us: u64,
+    /// Every interval with a request in flight, × GPUs.
+    busy: u64,
+    /// Handed to requests that ended: their usage events' GPU time.
+    attributed: u64,
+    /// Held by requests that ended without a usage event.
+    reaped: u64,
+    /// Of attributed, what other tenants ran on a dedicated replica.
+    lent: u64,
+}
+
+impl LedgerFigures {
+    /// As the replica's readings. Busy is what was attributed to requests
+    /// that ended (so an interval's busy is its usage events' GPU time,
+    /// and lent, settled in the same step, never exceeds it); idle is
+    /// the time nothing ran, plus what requests without a usage event held
+    /// (refused, or their gateway died): nobody's usage, the overhead
+    /// pool's. Both only grow, and over any stretch that ends with nothing
+    /// in flight busy + idle is the stretch × GPUs exactly.
+    fn readings(&self, c: &RemoteModel) -> GpuTimeReadings {
+        let gpus = u64::from(c.gpus.max(1));
+        GpuTimeReadings {
+            instance: self.instance.clone(),
+            started_at_ms: self.started_at_ms,
+            replicas: vec![ReplicaGpuTime {
+                replica_id: c.replica().to_owned(),
+                model: c.upstream_model.clone().unwrap_or_else(|| c.model.clone()),
+                gpus: c.gpus,
+                dedicated_to: c.dedicated_to.clone(),
+                dead: false,
+                time: BusyIdle {
+                    busy_gpu_micros: self.attributed,
+                    idle_gpu_micros: (self.elapsed_us * gpus).saturating_sub(self.busy)
+                        + self.reaped,
+                    lent_gpu_micros: self.lent.min(self.attributed),
+                },
+            }],
+        }
+    }
+}
+
+/// One HTTP upstream's replicas, reported by the elected gateway; see
+/// the module docs.
 pub struct RemoteReplicas {
     upstream: Arc<HttpUpstream>,
+    source: Source,
     cluster: Cluster,
     key: String,
     /// The progress without Redis (a gateway on its own).
@@ -138,8 +228,21 @@ impl RemoteReplicas {
             "replica-reports:{}|{}",
             upstream.config.model, upstream.config.url
         ));
+        let source = if upstream.config.replica_reports {
+            Source::Engine
+        } else if cluster.has_redis() {
+            Source::SharedLedger(RedisLedger::new(cluster.clone()))
+        } else {
+            let (elapsed_us, _) = upstream.ledger.elapsed_and_busy();
+            let elapsed = i64::try_from(elapsed_us / 1_000).unwrap_or(0);
+            Source::OwnLedger {
+                instance: uuid::Uuid::now_v7().simple().to_string(),
+                started_at_ms: now_ms().timestamp_millis() - elapsed,
+            }
+        };
         Self {
             upstream,
+            source,
             cluster,
             key,
             alone: Progress::default(),
@@ -184,12 +287,63 @@ impl RemoteReplicas {
             .set(if reporting { 1.0 } else { 0.0 });
     }
 
+    /// The upstream's replicas' GPU time so far, from its source.
+    async fn readings(&self) -> Result<GpuTimeReadings, String> {
+        let c = &self.upstream.config;
+        match &self.source {
+            Source::Engine => self.upstream.gpu_time().await.map_err(|e| e.to_string()),
+            Source::SharedLedger(redis) => {
+                let r = redis
+                    .reading(c.replica(), c.gpus)
+                    .await
+                    .ok_or_else(|| format!("reading the GPU ledger of {}", c.replica()))?;
+                Ok(LedgerFigures {
+                    instance: r.epoch_us.to_string(),
+                    started_at_ms: r.epoch_us / 1_000,
+                    elapsed_us: u64::try_from(r.now_us - r.epoch_us).unwrap_or(0),
+                    busy: r.busy_gpu_micros,
+                    attributed: r.attributed_gpu_micros,
+                    reaped: r.reaped_gpu_micros,
+                    lent: r.lent_gpu_micros,
+                }
+                .readings(c))
+            }
+            Source::OwnLedger {
+                instance,
+                started_at_ms,
+            } => {
+                let ledger = &self.upstream.ledger;
+                let (elapsed_us, busy) = ledger.elapsed_and_busy();
+                Ok(LedgerFigures {
+                    instance: instance.clone(),
+                    started_at_ms: *started_at_ms,
+                    elapsed_us,
+                    busy,
+                    attributed: ledger.attributed_gpu_micros(),
+                    reaped: 0,
+                    lent: self
+                        .upstream
+                        .dedicated
+                        .as_ref()
+                        .map_or(0, |d| d.lent_gpu_micros()),
+                }
+                .readings(c))
+            }
+        }
+    }
+
     /// Claims, reads, advances; the reports to append (replica id, JSON).
     async fn advance_progress(&mut self, me: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
         if !self.cluster.has_redis() {
             self.set_reporting(true);
-            let readings = self.upstream.gpu_time().await.map_err(|e| e.to_string())?;
-            let (next, reports) = next(&self.upstream.config, &self.alone, &readings, now_ms());
+            let readings = self.readings().await?;
+            let (next, reports) = next(
+                &self.upstream.config,
+                &self.alone,
+                &readings,
+                now_ms(),
+                self.source.name(),
+            );
             self.alone = next;
             return Ok(reports);
         }
@@ -232,8 +386,14 @@ impl RemoteReplicas {
             }
             Progress::default()
         });
-        let readings = self.upstream.gpu_time().await.map_err(|e| e.to_string())?;
-        let (next, reports) = next(&self.upstream.config, &progress, &readings, now_ms());
+        let readings = self.readings().await?;
+        let (next, reports) = next(
+            &self.upstream.config,
+            &progress,
+            &readings,
+            now_ms(),
+            self.source.name(),
+        );
         let stored = serde_json::to_string(&next).unwrap_or_default();
         let advanced: i64 = self
             .advance
@@ -254,12 +414,14 @@ impl RemoteReplicas {
 }
 
 /// The progress after `readings` taken at `now`, and the reports between
-/// the two (replica id, JSON); see the module docs.
+/// the two (replica id, JSON), whose reporter is `{source}-{instance}`;
+/// see the module docs.
 fn next(
     config: &RemoteModel,
     progress: &Progress,
     readings: &GpuTimeReadings,
     now: DateTime<Utc>,
+    source: &str,
 ) -> (Progress, Vec<(String, Vec<u8>)>) {
     let mark = |r: &ReplicaGpuTime| Mark {
         at_ms: now.timestamp_millis(),
@@ -296,7 +458,7 @@ fn next(
             }
         }
     }
-    let reporter = format!("engine-{}", readings.instance);
+    let reporter = format!("{source}-{}", readings.instance);
     let mut reports = Vec::new();
     for r in &ours {
         let to = mark(r);
@@ -393,7 +555,13 @@ mod tests {
                 replica("x-r0", "x", 9, 9, false),
             ],
         );
-        let (progress, reports) = next(&config(None), &Progress::default(), &read, at(T0 + 6_000));
+        let (progress, reports) = next(
+            &config(None),
+            &Progress::default(),
+            &read,
+            at(T0 + 6_000),
+            "engine",
+        );
         let reports = parsed(&reports);
         assert_eq!(reports.len(), 1, "only the upstream's own model");
         let r = &reports[0];
@@ -411,7 +579,13 @@ mod tests {
         assert_eq!(progress.replicas["m-r0"].at_ms, T0 + 6_000);
         // The same readings again from an empty progress (Redis lost it):
         // the same report id, which ingest stores once.
-        let (_, again) = next(&config(None), &Progress::default(), &read, at(T0 + 7_000));
+        let (_, again) = next(
+            &config(None),
+            &Progress::default(),
+            &read,
+            at(T0 + 7_000),
+            "engine",
+        );
         assert_eq!(parsed(&again)[0].report_id, r.report_id);
     }
 
@@ -422,7 +596,13 @@ mod tests {
             (T0 - 60_000, T0 + 60_000), // two minutes, but across an hour
         ] {
             let read = readings("i1", started, vec![replica("m-r0", "m", 5, 5, false)]);
-            let (progress, reports) = next(&config(None), &Progress::default(), &read, at(now));
+            let (progress, reports) = next(
+                &config(None),
+                &Progress::default(),
+                &read,
+                at(now),
+                "engine",
+            );
             assert!(reports.is_empty());
             assert_eq!(progress.instance, "i1");
             assert_eq!(progress.replicas["m-r0"].at_ms, now);
@@ -438,13 +618,14 @@ mod tests {
             &Progress::default(),
             &first,
             at(T0 + 1_000),
+            "engine",
         );
         let dead = readings(
             "i1",
             T0,
             vec![replica("m-r0", "m", 1_500_000, 250_000, true)],
         );
-        let (p2, reports) = next(&config(Some("named")), &p1, &dead, at(T0 + 2_000));
+        let (p2, reports) = next(&config(Some("named")), &p1, &dead, at(T0 + 2_000), "engine");
         let reports = parsed(&reports);
         assert_eq!(reports.len(), 1);
         assert_eq!(
@@ -454,7 +635,7 @@ mod tests {
         assert_eq!(reports[0].busy_gpu_seconds, Decimal::new(5, 1));
         assert_eq!(reports[0].idle_gpu_seconds, Decimal::new(25, 2));
         assert_eq!(reports[0].interval_start, at(T0 + 1_000));
-        let (p3, reports) = next(&config(Some("named")), &p2, &dead, at(T0 + 3_000));
+        let (p3, reports) = next(&config(Some("named")), &p2, &dead, at(T0 + 3_000), "engine");
         assert!(
             reports.is_empty(),
             "a dead replica is reported to its end once"
@@ -468,6 +649,7 @@ mod tests {
             &p3,
             &restarted,
             at(T0 + HOUR_MS + 1_000),
+            "engine",
         );
         let reports = parsed(&reports);
         assert_eq!(reports.len(), 1);

@@ -53,6 +53,12 @@ struct Line {
     preempted: Decimal,
     /// Refusals and errors by their OpenAI `code` (or limit type).
     why: BTreeMap<String, u64>,
+    /// Where the time went, from the usage events: the wait in the
+    /// gateway's queue, the run on the engine (start to finish), the
+    /// engine's time per output token.
+    queue_wait_ms: Vec<f64>,
+    run_ms: Vec<f64>,
+    tpot_ms: Vec<f64>,
 }
 
 /// One replay's figures.
@@ -139,8 +145,15 @@ impl Replay {
             let event = usage_contract::decode(&e.payload, chrono::Utc::now())
                 .map_err(|v| anyhow::anyhow!("an event of the drill is not valid: {v:?}"))?;
             if let Some(i) = TENANTS.iter().position(|t| t.id == event.tenant_id) {
-                lines[i].gpu_seconds += event.gpu_seconds;
-                lines[i].preempted += event.preempted_gpu_seconds;
+                let l = &mut lines[i];
+                l.gpu_seconds += event.gpu_seconds;
+                l.preempted += event.preempted_gpu_seconds;
+                let run = event.finished_at - event.started_at;
+                l.run_ms.push(run.num_milliseconds() as f64);
+                l.tpot_ms.extend(event.tpot_ms.map(|ms| ms as f64));
+                if let Some(p) = &event.placement {
+                    l.queue_wait_ms.push(p.queue_wait_ms as f64);
+                }
             }
             let Some(p) = &event.placement else { continue };
             preemptions += p.preemptions;
@@ -336,6 +349,17 @@ impl Replay {
             "  [{}] codegen's admitted work completes within its 30 s SLO: p95 {:.1} s",
             verdict(self.codegen_e2e_p95_ms.is_nan() || self.codegen_e2e_p95_ms <= 30_000.0),
             self.codegen_e2e_p95_ms / 1000.0
+        );
+        let codegen = &self.lines[4];
+        let p = |v: &[f64], q: f64| Percentiles::new(v.to_vec()).at(q);
+        say!(
+            "        where codegen's time went (its usage events): queue wait p50 {:.1} s / p95 {:.1} s; run on the engine p50 {:.1} s / p95 {:.1} s; time per output token p50 {:.0} ms / p95 {:.0} ms",
+            p(&codegen.queue_wait_ms, 0.5) / 1000.0,
+            p(&codegen.queue_wait_ms, 0.95) / 1000.0,
+            p(&codegen.run_ms, 0.5) / 1000.0,
+            p(&codegen.run_ms, 0.95) / 1000.0,
+            p(&codegen.tpot_ms, 0.5),
+            p(&codegen.tpot_ms, 0.95),
         );
         let attributed: Decimal = self.lines.iter().map(|l| l.gpu_seconds).sum();
         let wasted: Decimal = self.lines.iter().map(|l| l.preempted).sum();
