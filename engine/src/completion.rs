@@ -10,6 +10,10 @@ use rust_decimal::Decimal;
 
 use crate::scheduler::ServiceClass;
 
+/// The output assumed for a request's estimates (its queue cost, its KV
+/// for the reserved floors) when neither it nor its tenant caps it.
+pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 4096;
+
 /// What the engine needs to know about a request. No price, no plan: the
 /// tenant only keys the prefix cache, the class only gates admission.
 #[derive(Debug, Clone, Default)]

@@ -23,6 +23,8 @@ pub struct ReplicaSnapshot {
     pub kv_usage: f64,
     /// KV blocks in use (the router's reading of the replica).
     pub kv_used_blocks: u64,
+    /// KV blocks it holds in all.
+    pub kv_total_blocks: u64,
     pub running: usize,
     pub waiting: usize,
     pub prompt_tokens: u64,
@@ -41,6 +43,7 @@ impl ReplicaSnapshot {
             gpus: r.gpus(),
             kv_usage: r.kv().usage(),
             kv_used_blocks: r.kv().used(),
+            kv_total_blocks: r.kv().total(),
             running: r.running(),
             waiting: r.waiting(),
             prompt_tokens,
@@ -129,6 +132,23 @@ pub fn render(snaps: &[ReplicaSnapshot]) -> String {
         for s in snaps {
             let _ = writeln!(out, "{name}{{{}}} {}", labels(s), pick(s));
         }
+    }
+    // vLLM's info metric of its KV cache's size (a gateway reads the
+    // replica's capacity in tokens from it for the pool's reserved floors).
+    family(
+        &mut out,
+        "vllm:cache_config_info",
+        "gauge",
+        "the KV cache's configuration: num_gpu_blocks blocks of block_size tokens",
+    );
+    for s in snaps {
+        let _ = writeln!(
+            out,
+            "vllm:cache_config_info{{{},block_size=\"{}\",num_gpu_blocks=\"{}\"}} 1",
+            labels(s),
+            crate::profile::BLOCK_TOKENS,
+            s.kv_total_blocks
+        );
     }
     for (name, help, pick) in [
         (

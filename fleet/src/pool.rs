@@ -20,17 +20,9 @@
 //! pool: [`Pool::remove`] returns it, and the caller fails its requests in
 //! flight with an error (never a silent regeneration).
 //!
-//! **Reserved floors.** A tenant may be promised a floor: a share of the
-//! pool's KV (`reservedFloor` in the tenant config, basis points here).
-//! The router counts every tenant's KV in flight (what it routed and has
-//! not seen end). A request within its tenant's floor is placed by the
-//! replica rule alone (for a reserved-class tenant: below 92% on some
-//! replica, else refused — the truth, never an overfull replica). Any other
-//! request must leave the *unused* part of every other tenant's floor free:
-//! it is placed only while the pool's KV in use, plus the request, plus
-//! what other floors still hold, stays below its class threshold of the
-//! whole pool. So a floor is honoured before others are admitted, and
-//! nobody is refused for a floor its owner is using.
+//! **Reserved floors** ([`crate::floors`]): the router counts every
+//! tenant's KV in flight and keeps the unused part of each tenant's floor
+//! free of other tenants' work.
 
 use std::collections::HashMap;
 
@@ -111,45 +103,15 @@ pub enum Refused {
     HeldForFloors { held_percent: u64 },
 }
 
-/// Basis points of a whole (10,000 = all of the pool).
-pub const WHOLE_BP: u32 = 10_000;
-
-/// A share of the pool written as a decimal (`"0.30"`, `"1"`), in basis
-/// points: above 0, at most 1, four decimal places at most. Exact (no
-/// floating point); the error says what is wrong with `text`.
-pub fn share_bp(text: &str) -> Result<u32, String> {
-    let bad = |why: &str| format!("{text:?} {why} (a share of the pool like \"0.30\")");
-    let t = text.trim();
-    let (whole, frac) = t.split_once('.').unwrap_or((t, ""));
-    let digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
-    if !digits(whole) || !(frac.is_empty() || digits(frac)) {
-        return Err(bad("is not a decimal"));
-    }
-    if frac.len() > 4 {
-        return Err(bad("has more than four decimal places"));
-    }
-    let whole: u32 = whole.parse().map_err(|_| bad("is out of range"))?;
-    let frac: u32 = format!("{frac:0<4}")
-        .parse()
-        .map_err(|_| bad("is not a decimal"))?;
-    let bp = whole
-        .checked_mul(WHOLE_BP)
-        .and_then(|w| w.checked_add(frac))
-        .ok_or_else(|| bad("is out of range"))?;
-    if bp == 0 || bp > WHOLE_BP {
-        return Err(bad("must be above 0 and at most 1"));
-    }
-    Ok(bp)
-}
+pub use crate::floors::{share_bp, WHOLE_BP};
+use crate::floors::{Floors, HeldForFloors, PoolKv};
 
 /// The replicas of one model.
 #[derive(Debug, Clone, Default)]
 pub struct Pool {
     replicas: Vec<Replica>,
-    /// Reserved floors, basis points of the pool's KV, by tenant.
-    floors: HashMap<String, u32>,
-    /// KV bytes each tenant has in flight by this router's count.
-    in_flight: HashMap<String, u64>,
+    /// Reserved floors and each tenant's KV bytes in flight.
+    floors: Floors,
 }
 
 impl Pool {
@@ -163,69 +125,34 @@ impl Pool {
     /// The tenants' reserved floors (basis points of the pool's KV; a
     /// tenant not listed has none). Replaces the previous set.
     pub fn set_floors(&mut self, floors: HashMap<String, u32>) {
-        self.floors = floors;
-        self.floors.retain(|_, bp| *bp > 0);
+        self.floors.set(floors);
     }
 
     /// KV bytes `tenant` has in flight by this router's count.
     pub fn in_flight(&self, tenant: &str) -> u64 {
-        self.in_flight.get(tenant).copied().unwrap_or(0)
+        self.floors.in_flight(tenant)
     }
 
-    /// The pool's KV capacity, bytes.
-    fn capacity(&self) -> u128 {
-        self.replicas
-            .iter()
-            .map(|r| u128::from(r.kv_capacity))
-            .sum()
-    }
-
-    fn floor_bytes(&self, bp: u32) -> u128 {
-        self.capacity() * u128::from(bp) / u128::from(WHOLE_BP)
-    }
-
-    /// KV bytes held for tenants other than `tenant`: the part of each
-    /// one's floor it is not using.
-    fn held_for_others(&self, tenant: &str) -> u128 {
-        self.floors
-            .iter()
-            .filter(|(t, _)| t.as_str() != tenant)
-            .map(|(t, &bp)| {
-                self.floor_bytes(bp)
-                    .saturating_sub(u128::from(self.in_flight(t)))
-            })
-            .sum()
-    }
-
-    /// Whether the floors let `p` in: within its own floor, or leaving
-    /// every other floor's unused part free.
+    /// Whether the floors let `p` in ([`Floors::admit`]).
     fn floors_admit(&self, p: &Placement<'_>) -> Result<(), Refused> {
         if self.floors.is_empty() {
             return Ok(());
         }
-        let mine = u128::from(self.in_flight(p.tenant)) + u128::from(p.kv);
-        let own = self.floors.get(p.tenant).copied().unwrap_or(0);
-        if own > 0 && mine <= self.floor_bytes(own) {
-            return Ok(());
-        }
-        let held = self.held_for_others(p.tenant);
-        if held == 0 {
-            return Ok(());
-        }
-        let used: u128 = self
-            .replicas
-            .iter()
-            .map(|r| u128::from(r.observed) + u128::from(r.routed_since))
-            .sum();
-        let capacity = self.capacity();
-        if (used + u128::from(p.kv) + held) * 100 <= capacity * u128::from(p.threshold_percent) {
-            Ok(())
-        } else {
-            let held_percent = (held * 100).checked_div(capacity).unwrap_or(0);
-            Err(Refused::HeldForFloors {
-                held_percent: u64::try_from(held_percent).unwrap_or(100),
-            })
-        }
+        let pool = PoolKv {
+            capacity: self
+                .replicas
+                .iter()
+                .map(|r| u128::from(r.kv_capacity))
+                .sum(),
+            used: self
+                .replicas
+                .iter()
+                .map(|r| u128::from(r.observed) + u128::from(r.routed_since))
+                .sum(),
+        };
+        self.floors
+            .admit(p.tenant, p.kv, p.threshold_percent, pool)
+            .map_err(|HeldForFloors { held_percent }| Refused::HeldForFloors { held_percent })
     }
 
     pub fn replicas(&self) -> &[Replica] {
@@ -279,12 +206,7 @@ impl Pool {
         if r.owner.as_deref() == Some(p.tenant) {
             r.owner_running += 1;
         }
-        match self.in_flight.get_mut(p.tenant) {
-            Some(n) => *n = n.saturating_add(p.kv),
-            None => {
-                self.in_flight.insert(p.tenant.to_owned(), p.kv);
-            }
-        }
+        self.floors.started(p.tenant, p.kv);
         Ok(pick)
     }
 
@@ -305,12 +227,7 @@ impl Pool {
                 r.owner_running = r.owner_running.saturating_sub(1);
             }
         }
-        if let Some(n) = self.in_flight.get_mut(tenant) {
-            *n = n.saturating_sub(kv);
-            if *n == 0 {
-                self.in_flight.remove(tenant);
-            }
-        }
+        self.floors.ended(tenant, kv);
     }
 
     /// A request of `owner` waits for room: none of its dedicated replicas
@@ -475,17 +392,6 @@ mod tests {
         );
         pool.observe(0, 92);
         assert_eq!(pool.route(&placement("t", 1), &mut rng), Err(Refused::Full));
-    }
-
-    #[test]
-    fn shares_of_the_pool_are_exact_basis_points() {
-        assert_eq!(share_bp("0.30"), Ok(3_000));
-        assert_eq!(share_bp("1"), Ok(10_000));
-        assert_eq!(share_bp("0.0001"), Ok(1));
-        assert_eq!(share_bp(" .5 ").ok(), None, "a whole part is required");
-        for bad in ["0", "1.5", "-0.1", "0.00001", "thirty", "", "1e-1"] {
-            assert!(share_bp(bad).is_err(), "{bad}");
-        }
     }
 
     fn floors(pairs: &[(&str, u32)]) -> HashMap<String, u32> {

@@ -13,6 +13,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use engine::completion::DEFAULT_OUTPUT_ESTIMATE;
 use engine::openai::{ChatRequest, Invalid};
 use engine::{CompletionRequest, EngineError, ServiceClass};
 use serde_json::{json, Value};
@@ -28,9 +29,6 @@ use crate::state::AppState;
 use crate::telemetry;
 use crate::tenants::Caller;
 
-/// The output assumed for the token estimate when neither the request nor
-/// the tenant caps it (the engine's context room caps it too).
-const DEFAULT_OUTPUT_ESTIMATE: u64 = 4096;
 /// SSE frames buffered towards a slow client before the stream waits.
 const STREAM_BUFFER: usize = 64;
 

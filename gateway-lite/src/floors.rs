@@ -1,4 +1,4 @@
-//! Reserved floors on this gateway's simulated model pools. The tenants'
+//! Reserved floors on this gateway's model pools, simulated and HTTP. The tenants'
 //! floors come from the tenant config (billing-api writes them, the
 //! [`crate::tenants::Registry`] reads them with the keys); each model pool's
 //! router keeps a floor's unused part free of other tenants' work
@@ -9,13 +9,15 @@
 //! (each floor as applied) and `gateway_reserved_floors_ratio{of}` for the
 //! sum `promised` by the config, the sum `applied`, and the `limit`.
 //!
-//! HTTP replica pools (`GATEWAY_UPSTREAMS`) do not apply floors yet.
+//! A simulated pool counts the floors in KV bytes (`fleet::pool`), a pool
+//! of HTTP replicas (`GATEWAY_UPSTREAMS`) in KV tokens
+//! (`engine::upstream::floors`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
-use engine::simulator::Simulator;
-use fleet::pool::WHOLE_BP;
+use engine::upstream::FloorsSetter;
+use fleet::floors::WHOLE_BP;
 use metrics::gauge;
 
 /// The floors as applied, `promised` scaled down to `limit_bp` together
@@ -35,19 +37,19 @@ pub fn scaled(promised: &HashMap<String, u32>, limit_bp: u32) -> HashMap<String,
         .collect()
 }
 
-/// Applies the registry's floors to the simulated pools when they change.
+/// Applies the registry's floors to the model pools when they change.
 pub struct Floors {
-    simulator: Arc<Simulator>,
+    pools: FloorsSetter,
     limit_bp: u32,
     last: Mutex<Option<HashMap<String, u32>>>,
 }
 
 impl Floors {
-    pub fn new(simulator: Arc<Simulator>, limit_bp: u32) -> Self {
+    pub fn new(pools: FloorsSetter, limit_bp: u32) -> Self {
         gauge!("gateway_reserved_floors_ratio", "of" => "limit")
             .set(f64::from(limit_bp) / f64::from(WHOLE_BP));
         Self {
-            simulator,
+            pools,
             limit_bp,
             last: Mutex::new(None),
         }
@@ -81,7 +83,7 @@ impl Floors {
             .set(sum(&promised) as f64 / f64::from(WHOLE_BP));
         gauge!("gateway_reserved_floors_ratio", "of" => "applied")
             .set(sum(&applied) as f64 / f64::from(WHOLE_BP));
-        self.simulator.set_floors(&applied);
+        self.pools.set(&applied);
         tracing::info!(?applied, "reserved floors");
         *last = Some(promised);
     }

@@ -153,13 +153,6 @@ pub async fn run(
         None => Vec::new(),
     };
     let simulator = Arc::new(Simulator::new(config.profiles()?, config.engine_speedup));
-    let floors = crate::floors::Floors::new(simulator.clone(), config.floor_limit_bp()?);
-    floors.apply(registry.floors());
-    registry.spawn_refresh(
-        pool.clone(),
-        Duration::from_millis(config.key_refresh_ms),
-        move |registry| floors.apply(registry.floors()),
-    );
     let cluster = match config.limits {
         LimitsMode::Shared => {
             Cluster::connect(&config.redis_url, &config.redis_prefix, &config.gateway_id).map_err(
@@ -177,6 +170,13 @@ pub async fn run(
     };
     let upstreams = Upstreams::with_shared_ledger(simulator, remote, shared_ledger)
         .map_err(|e| GatewayError::Config(format!("GATEWAY_UPSTREAMS {e}")))?;
+    let floors = crate::floors::Floors::new(upstreams.floors_setter(), config.floor_limit_bp()?);
+    floors.apply(registry.floors());
+    registry.spawn_refresh(
+        pool.clone(),
+        Duration::from_millis(config.key_refresh_ms),
+        move |registry| floors.apply(registry.floors()),
+    );
     let remote_models: Vec<String> = upstreams
         .remote()
         .iter()

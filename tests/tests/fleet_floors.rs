@@ -6,11 +6,14 @@
 //! no replica is past its threshold; the owner, arriving later, is placed
 //! at once although the other tenant was just refused; every answered
 //! request is billed once. The floor is on
-//! `/metrics`.
+//! `/metrics`. The same on a pool of two HTTP replicas (two `engine`
+//! processes as two upstream URLs of one model, as two vLLM servers would
+//! be), whose KV capacity the gateway reads from their `/metrics`.
 
 use serde_json::{json, Value};
+use tests::engine::{random_secret, start_engine_with, vllm_entry, write_upstreams, SECRET_ENV};
 use tests::gateway::{metrics, read_sse, start_gateway_with, start_ingest, wait_for_log};
-use tests::TestStack;
+use tests::{Service, TestStack};
 
 const PROD: &str = "sk-test-floors-prod-0001";
 const BATCH: &str = "sk-test-floors-batch-0001";
@@ -74,9 +77,7 @@ fn body(who: &str, n: usize, seed: u64) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_tenants_floor_is_kept_free_and_it_gets_in_when_it_comes() {
     let stack = TestStack::new("floors").await;
-    let tenants = stack.dir.path().join("tenants.yaml");
-    std::fs::write(&tenants, TENANTS).unwrap();
-    tests::billing::apply_tenants(&stack.database_url, &tenants.display().to_string());
+    apply_tenants(&stack);
     let profiles = stack.dir.path().join("tiny.yaml");
     std::fs::write(&profiles, TINY).unwrap();
     let (gateway, url) = start_gateway_with(
@@ -92,7 +93,71 @@ async fn an_idle_tenants_floor_is_kept_free_and_it_gets_in_when_it_comes() {
     )
     .await;
     let ingest = start_ingest(&stack);
-    let m = metrics(&url).await;
+    floor_kept_and_owner_placed(&stack, &url, &[&gateway, &ingest]).await;
+}
+
+/// The same floor on a model served by two HTTP replicas, each an
+/// `engine` process with one replica of the tiny profile (2,048 KV tokens,
+/// which it exports as vLLM's `vllm:cache_config_info`): the gateway holds
+/// 30% of the pool's 4,096 tokens for the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floor_is_kept_free_on_a_pool_of_http_replicas_too() {
+    let stack = TestStack::new("floors-http").await;
+    apply_tenants(&stack);
+    let profiles = stack.dir.path().join("tiny.yaml");
+    std::fs::write(&profiles, TINY.replace("replicas: 2", "replicas: 1")).unwrap();
+    let secret = random_secret();
+    let profiles = profiles.display().to_string();
+    let (engine_a, url_a) = start_engine_with(
+        stack.dir.path(),
+        1,
+        &secret,
+        &[("ENGINE_PROFILES", &profiles)],
+    )
+    .await;
+    let (engine_b, url_b) = start_engine_with(
+        stack.dir.path(),
+        1,
+        &secret,
+        &[("ENGINE_PROFILES", &profiles)],
+    )
+    .await;
+    let upstreams = write_upstreams(
+        &stack.dir.path().join("upstreams.yaml"),
+        &[
+            vllm_entry("tiny", &url_a, 1024, "tiny-a", 200, ""),
+            vllm_entry("tiny", &url_b, 1024, "tiny-b", 200, ""),
+        ],
+    );
+    let (gateway, url) = start_gateway_with(
+        &stack,
+        1,
+        &[
+            ("GATEWAY_UPSTREAMS", upstreams),
+            (SECRET_ENV, secret),
+            ("GATEWAY_REQUEST_TIMEOUT_SECS", "120".into()),
+            ("GATEWAY_QUEUE", "off".into()),
+        ],
+    )
+    .await;
+    // The replicas' capacity and KV use, read by the gateway's first polls.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let ingest = start_ingest(&stack);
+    floor_kept_and_owner_placed(&stack, &url, &[&gateway, &ingest, &engine_a, &engine_b]).await;
+}
+
+fn apply_tenants(stack: &TestStack) {
+    let tenants = stack.dir.path().join("tenants.yaml");
+    std::fs::write(&tenants, TENANTS).unwrap();
+    tests::billing::apply_tenants(&stack.database_url, &tenants.display().to_string());
+}
+
+/// The floor's metrics; a best-effort tenant fills the pool until it is
+/// refused for the floor; the owner is then placed at once; every
+/// answered request ends with one usage event.
+async fn floor_kept_and_owner_placed(stack: &TestStack, url: &str, services: &[&Service]) {
+    let gateway = services[0];
+    let m = metrics(url).await;
     for want in [
         "gateway_reserved_floor_ratio{tenant=\"floors-prod\"} 0.3",
         "gateway_reserved_floors_ratio{of=\"applied\"} 0.3",
@@ -157,7 +222,7 @@ async fn an_idle_tenants_floor_is_kept_free_and_it_gets_in_when_it_comes() {
         let frames = read_sse(&mut res, usize::MAX).await;
         assert_eq!(frames.last().map(String::as_str), Some("[DONE]"));
     }
-    let batch_rows = wait_for_log(&stack, "floors-batch", answered - 4, &[&gateway, &ingest]).await;
-    let prod_rows = wait_for_log(&stack, "floors-prod", 4, &[&gateway, &ingest]).await;
+    let batch_rows = wait_for_log(stack, "floors-batch", answered - 4, services).await;
+    let prod_rows = wait_for_log(stack, "floors-prod", 4, services).await;
     assert_eq!(batch_rows.len() + prod_rows.len(), answered);
 }

@@ -506,6 +506,7 @@ fn remote_model(model: &str, base: &str) -> RemoteModel {
         kv_poll_ms: 0,
         replica_reports: false,
         dedicated_to: None,
+        kv_tokens: None,
     }
 }
 

@@ -39,6 +39,7 @@ use crate::scheduler::ServiceClass;
 use crate::simulator::{Completion, CompletionRequest, GpuTimeReadings, Piece, GPU_TIME_PATH};
 use crate::tokenizer;
 use crate::upstream::dedicated::{Dedicated, OwnerBusy};
+use crate::upstream::floors::FloorShare;
 use crate::upstream::ledger::{Ledger, Share, SharedLedger, SHARED_GROW_EVERY};
 use crate::upstream::occupancy::{self, Occupancy};
 use crate::upstream::{GpuTime, RemoteModel};
@@ -172,6 +173,9 @@ impl HttpUpstream {
             .map_err(|e| bad(format!("HTTP client: {e}")))?;
         let base = config.url.trim_end_matches('/');
         let occupancy = Arc::new(Occupancy::default());
+        if let Some(tokens) = config.kv_tokens {
+            occupancy.set_kv_tokens(tokens);
+        }
         if config.kv_poll_ms > 0 && tokio::runtime::Handle::try_current().is_ok() {
             occupancy::spawn_poller(
                 client.clone(),
@@ -182,6 +186,7 @@ impl HttpUpstream {
                     .unwrap_or_else(|| config.model.clone()),
                 Duration::from_millis(config.kv_poll_ms),
                 occupancy.clone(),
+                config.kv_tokens.is_some(),
             );
         }
         Ok(Self {
@@ -288,6 +293,17 @@ impl HttpUpstream {
         req: &CompletionRequest,
         stream: bool,
     ) -> Result<HttpGeneration, EngineError> {
+        self.start_counted(req, stream, tokenizer::count(&req.prompt))
+            .await
+    }
+
+    /// [`HttpUpstream::start`] with its prompt's tokens already counted.
+    pub(crate) async fn start_counted(
+        &self,
+        req: &CompletionRequest,
+        stream: bool,
+        prompt_tokens: u64,
+    ) -> Result<HttpGeneration, EngineError> {
         let c = &self.config;
         let threshold = req.class.threshold_percent();
         if !self.occupancy.admits(threshold) {
@@ -316,7 +332,6 @@ impl HttpUpstream {
             None => (None, None),
         };
         let body = self.body(req);
-        let prompt_tokens = tokenizer::count(&req.prompt);
         let mut request = self.client.post(&self.url).json(&Value::Object(body));
         request = match &self.signer {
             Some(signer) => request.header(
@@ -375,6 +390,7 @@ impl HttpUpstream {
             model: c.model.clone(),
             owner_running,
             lent_from,
+            floor_share: None,
             names: Names {
                 version: c.model_version.clone(),
                 replica: c.replica_id.clone(),
@@ -410,6 +426,8 @@ pub struct HttpGeneration {
     owner_running: Option<OwnerBusy>,
     /// Another tenant's request on a dedicated replica: what it lent.
     lent_from: Option<Arc<Dedicated>>,
+    /// Its KV tokens in its pool's floors count, until it ends.
+    floor_share: Option<FloorShare>,
     names: Names,
 }
 
@@ -449,6 +467,11 @@ struct Names {
 }
 
 impl HttpGeneration {
+    /// Counts its KV tokens in its pool's floors until it ends.
+    pub(crate) fn hold(&mut self, share: FloorShare) {
+        self.floor_share = Some(share);
+    }
+
     fn error(&self, detail: impl Into<String>) -> EngineError {
         EngineError::Upstream {
             model: self.model.clone(),

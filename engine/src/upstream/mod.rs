@@ -22,6 +22,8 @@
 //!                                   # reads its replicas' GPU time and reports their idle time;
 //!                                   # otherwise (vLLM) the gateways' GPU ledger is read instead
 //!     dedicated_to: acme-corp       # optional: the tenant that owns this replica (reserved capacity)
+//!     kv_tokens: 432000             # optional: its KV cache in tokens, for a server whose /metrics
+//!                                   # lacks vllm:cache_config_info (the pool's reserved floors need it)
 //! ```
 //!
 //! With `identity_secret_env` every request carries `x-meterline-identity`,
@@ -44,12 +46,17 @@
 //! replica that cannot be reached leaves the pool for
 //! [`DOWN_FOR`](http::DOWN_FOR) and is tried again after.
 //!
+//! The tenants' reserved floors are held on such a pool as on a simulated
+//! one, in KV tokens ([`floors`]).
+//!
 //! - [`dedicated`]: a replica one tenant owns, lent while it is idle
+//! - [`floors`]: reserved floors on a pool of HTTP replicas
 //! - [`ledger`]: GPU time from wall time × in-flight token share, exactly
 //! - [`http`]: the HTTP client side of one upstream replica
 //! - [`occupancy`]: the upstream's KV usage, polled, for admission by class
 
 pub mod dedicated;
+pub mod floors;
 pub mod http;
 pub mod ledger;
 pub mod occupancy;
@@ -62,6 +69,7 @@ use serde::Deserialize;
 
 use crate::error::EngineError;
 use crate::simulator::{self, Completion, CompletionRequest, Piece, Simulator};
+use crate::tokenizer;
 use http::{HttpGeneration, HttpUpstream};
 
 /// Where a request's GPU time comes from.
@@ -118,6 +126,10 @@ pub struct RemoteModel {
     /// (`ENGINE_DEDICATED`).
     #[serde(default)]
     pub dedicated_to: Option<String>,
+    /// The replica's KV cache in tokens, when its `/metrics` does not say
+    /// (`vllm:cache_config_info`); the pool's reserved floors need it.
+    #[serde(default)]
+    pub kv_tokens: Option<u64>,
 }
 
 fn default_kv_poll() -> u64 {
@@ -179,6 +191,13 @@ impl RemoteModel {
                             binary routes its own replicas: set ENGINE_DEDICATED on it)"
                         .into(),
                 );
+            }
+        }
+        if let Some(tokens) = self.kv_tokens {
+            if !(1..=1_000_000_000_000).contains(&tokens) {
+                return Err(format!(
+                    "kv_tokens must be 1 to 1000000000000 (the replica's KV cache in tokens), got {tokens}"
+                ));
             }
         }
         if !(1..=3600).contains(&self.idle_timeout_secs) {
@@ -254,6 +273,8 @@ pub struct Upstreams {
     simulator: Arc<Simulator>,
     remote: Vec<Arc<HttpUpstream>>,
     models: Vec<ModelInfo>,
+    /// The reserved floors of the HTTP-served models' pools.
+    floors: Arc<floors::HttpFloors>,
 }
 
 impl Upstreams {
@@ -293,10 +314,14 @@ impl Upstreams {
                 remote: true,
             });
         }
+        let floors = Arc::new(floors::HttpFloors::new(
+            remote.iter().map(|r| r.config.model.clone()),
+        ));
         Ok(Self {
             simulator,
             remote,
             models,
+            floors,
         })
     }
 
@@ -318,6 +343,7 @@ impl Upstreams {
             simulator,
             remote: Vec::new(),
             models,
+            floors: Arc::default(),
         }
     }
 
@@ -338,6 +364,14 @@ impl Upstreams {
         &self.remote
     }
 
+    /// What sets the floors, to keep (the gateway's tenant refresh).
+    pub fn floors_setter(&self) -> FloorsSetter {
+        FloorsSetter {
+            simulator: self.simulator.clone(),
+            http: self.floors.clone(),
+        }
+    }
+
     /// Starts a request on the model's engine.
     pub async fn start(
         &self,
@@ -354,10 +388,39 @@ impl Upstreams {
                 self.simulator.start(req, stream).await?,
             ));
         }
+        let threshold = req.class.threshold_percent();
+        let prompt_tokens = tokenizer::count(&req.prompt);
+        let mut share = match self.floors.pool(&req.model) {
+            Some(pool) => {
+                let in_pool: Vec<(&str, &occupancy::Occupancy)> = replicas
+                    .iter()
+                    .filter(|r| !r.is_down())
+                    .map(|r| (r.config.replica(), &*r.occupancy))
+                    .collect();
+                let kv = kv_estimate(req, prompt_tokens, replicas[0].config.max_context);
+                Some(
+                    pool.admit(&in_pool, &req.tenant_id, kv, threshold)
+                        .map_err(|held| EngineError::NoCapacity {
+                            model: req.model.clone(),
+                            class: req.class.as_str(),
+                            why: crate::error::NoRoom::HeldForFloors {
+                                held_percent: held.held_percent,
+                            },
+                        })?,
+                )
+            }
+            None => None,
+        };
         let mut last = None;
-        for upstream in route_for(&req.tenant_id, &replicas, req.class.threshold_percent()) {
-            match upstream.start(req, stream).await {
-                Ok(g) => return Ok(Generation::Http(Box::new(g))),
+        for upstream in route_for(&req.tenant_id, &replicas, threshold) {
+            match upstream.start_counted(req, stream, prompt_tokens).await {
+                Ok(mut g) => {
+                    if let Some(mut share) = share.take() {
+                        share.placed(&upstream.occupancy);
+                        g.hold(share);
+                    }
+                    return Ok(Generation::Http(Box::new(g)));
+                }
                 // Busy for its class, or not reached: the next replica.
                 Err(e @ EngineError::UpstreamBusy { .. }) => last = Some(e),
                 Err(e) if upstream.is_down() => last = Some(e),
@@ -411,6 +474,30 @@ impl Upstreams {
             }
             _ => Decimal::ZERO,
         }
+    }
+}
+
+/// A request's KV tokens for the floors: its prompt plus its output cap
+/// (without one, [`DEFAULT_OUTPUT_ESTIMATE`]), within the context.
+fn kv_estimate(req: &CompletionRequest, prompt: u64, max_context: u32) -> u64 {
+    let output = req
+        .max_tokens
+        .map_or(crate::completion::DEFAULT_OUTPUT_ESTIMATE, u64::from);
+    (prompt + output).min(u64::from(max_context).max(prompt))
+}
+
+/// Sets the tenants' reserved floors on every model pool, simulated and
+/// HTTP; kept by the gateway's tenant refresh ([`Upstreams::floors_setter`]).
+#[derive(Debug, Clone)]
+pub struct FloorsSetter {
+    simulator: Arc<Simulator>,
+    http: Arc<floors::HttpFloors>,
+}
+
+impl FloorsSetter {
+    pub fn set(&self, floors: &std::collections::HashMap<String, u32>) {
+        self.simulator.set_floors(floors);
+        self.http.set(floors);
     }
 }
 
