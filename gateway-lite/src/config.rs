@@ -130,7 +130,7 @@ pub struct GatewayConfig {
     /// of its replicas' idle time.
     #[arg(long, env = "GATEWAY_REPLICA_REPORT_SECS", default_value_t = 60)]
     pub replica_report_secs: u64,
-    /// The most of each simulated model pool the tenants' reserved floors
+    /// The most of each model pool the tenants' reserved floors
     /// may hold together, as a share (`"0.50"`). Floors that add up to more
     /// are scaled down to it (logged and on `/metrics`).
     #[arg(long, env = "GATEWAY_FLOOR_LIMIT", default_value = "0.50")]

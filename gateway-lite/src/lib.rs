@@ -33,7 +33,7 @@
 //! - [`tpot`]: recent time per output token, for the KV·seconds estimate
 //! - [`idempotency`]: `Idempotency-Key` replays and conflicts, across gateways
 //! - [`tenants`]: key hashes → callers and their limits, refreshed in the background
-//! - [`floors`]: the tenants' reserved floors on the simulated model pools
+//! - [`floors`]: the tenants' reserved floors on its model pools (simulated and HTTP)
 //! - [`outbox`]: the durable local queue (redb, group commit)
 //! - [`relay`]: outbox → Kafka with the idempotent producer
 //! - [`replica_reports`]: the busy and idle GPU time of this gateway's

@@ -128,7 +128,7 @@ pub fn describe() {
     );
     metrics::describe_gauge!(
         "gateway_reserved_floor_ratio",
-        "Each enterprise tenant's reserved floor as applied on the simulated model pools, in KV share (0-1)"
+        "Each enterprise tenant's reserved floor as applied on the model pools, in KV share (0-1)"
     );
     metrics::describe_gauge!(
         "gateway_reserved_floors_ratio",

@@ -40,8 +40,9 @@
 //! A model may be listed several times, once per replica (each its own
 //! `url` and `replica_id`; the model's `max_context`, `upstream_model` and
 //! `model_version` the same): a request goes to the better of two replicas
-//! drawn at random — fewer KV basis points in use by its last poll, then
-//! fewer requests in flight from this gateway — and, when that one is busy
+//! drawn at random — fewer KV basis points in use by its last poll (plus
+//! what this gateway sent it since), then fewer requests in flight from
+//! this gateway — and, when that one is busy
 //! for its class or cannot be reached, to the others in the same order. A
 //! replica that cannot be reached leaves the pool for
 //! [`DOWN_FOR`](http::DOWN_FOR) and is tried again after.
@@ -540,7 +541,8 @@ fn route_for<'a>(
 /// The order to try a model's HTTP replicas in: the better of two drawn
 /// by `draw` first (power of two choices), then the rest, best first.
 /// Better: in the pool (not down), admitting the class by its last KV poll,
-/// fewer KV basis points in use, fewer requests in flight.
+/// fewer KV basis points in use (the poll plus what this gateway sent it
+/// since), fewer requests in flight.
 fn route<'a>(
     replicas: &[&'a Arc<HttpUpstream>],
     threshold_percent: u64,
@@ -550,7 +552,7 @@ fn route<'a>(
         (
             u.is_down(),
             !u.occupancy.admits(threshold_percent),
-            u.occupancy.basis_points().unwrap_or(0),
+            u.occupancy.routed_basis_points().unwrap_or(0),
             u.ledger.in_flight(),
         )
     };
@@ -698,6 +700,30 @@ mod tests {
             let order = route(&replicas, 60, draw);
             assert_eq!(order[0].config.replica(), "b", "fewer in flight wins");
             assert_eq!(order.len(), 2);
+        }
+    }
+
+    #[test]
+    fn what_was_sent_since_the_last_poll_counts_in_the_choice() {
+        let path = file(TWO);
+        let models = load(&path).unwrap();
+        std::fs::remove_file(&path).ok();
+        let ups = Upstreams::new(Arc::new(Simulator::new(Vec::new(), 0)), models).unwrap();
+        let replicas: Vec<&Arc<HttpUpstream>> = ups.remote().iter().collect();
+        for r in &replicas {
+            r.occupancy.set_kv_tokens(10_000);
+        }
+        replicas[0].occupancy.set(1_000);
+        replicas[1].occupancy.set(2_000);
+        assert_eq!(
+            route(&replicas, 60, 0)[0].config.replica(),
+            "a",
+            "a read emptier"
+        );
+        // A burst sent to a since: 1,500 of its 10,000 tokens.
+        replicas[0].occupancy.sent(1_500);
+        for draw in 0..8 {
+            assert_eq!(route(&replicas, 60, draw)[0].config.replica(), "b");
         }
     }
 }

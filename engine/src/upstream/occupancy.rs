@@ -69,6 +69,24 @@ impl Occupancy {
         self.sent_since.store(0, Ordering::Relaxed);
     }
 
+    /// The last reading plus what this gateway sent since, in basis points
+    /// of the capacity (the reading alone while the capacity is unknown):
+    /// what routing compares, so a burst between two polls spreads
+    /// instead of herding onto the replica that read emptiest.
+    pub fn routed_basis_points(&self) -> Option<u64> {
+        let bp = self.basis_points()?;
+        let sent = match self.kv_tokens() {
+            Some(capacity) => {
+                self.sent_since
+                    .load(Ordering::Relaxed)
+                    .saturating_mul(10_000)
+                    / capacity
+            }
+            None => 0,
+        };
+        Some(bp.saturating_add(sent))
+    }
+
     /// The replica's KV capacity in tokens, if known.
     pub fn kv_tokens(&self) -> Option<u64> {
         Some(self.kv_tokens.load(Ordering::Relaxed)).filter(|&t| t > 0)
@@ -265,6 +283,8 @@ mod tests {
         assert_eq!(o.used_tokens(1_000), 530, "until the next reading");
         o.set(4_000);
         assert_eq!(o.used_tokens(1_000), 400);
+        o.sent(50);
+        assert_eq!(o.routed_basis_points(), Some(4_500));
     }
 
     #[test]
