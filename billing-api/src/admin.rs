@@ -22,8 +22,8 @@ pub struct PeriodPath {
 #[utoipa::path(post, path = "/v1/periods/{period}/close", params(("period" = Month, Path)),
     responses(
         (status = 200, description = "what closing did: the invoices it finalized, and those already finalized", body = lifecycle::CloseReport),
-        (status = 403, description = "only finance closes a month", body = crate::openapi::ErrorBody),
-        (status = 409, description = "the month has not ended for some tenant, or it cannot be rated", body = crate::openapi::ErrorBody),
+        (status = 403, description = "only finance closes a month", body = crate::error::ErrorBody),
+        (status = 409, description = "the month has not ended for some tenant, or it cannot be rated", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -53,7 +53,7 @@ pub async fn close_month(
 #[utoipa::path(get, path = "/v1/tokens",
     responses(
         (status = 200, description = "every billing token (never the token itself)", body = Vec<crate::store::access::TokenInfo>),
-        (status = 403, description = "only finance administers tokens", body = crate::openapi::ErrorBody),
+        (status = 403, description = "only finance administers tokens", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -67,8 +67,8 @@ pub async fn list_tokens(
 #[utoipa::path(post, path = "/v1/tokens", request_body = tokens::IssueRequest,
     responses(
         (status = 200, description = "the token, shown this once", body = tokens::Issued),
-        (status = 400, description = "a bad role, or a tenant missing or not allowed for the role", body = crate::openapi::ErrorBody),
-        (status = 403, description = "only finance administers tokens", body = crate::openapi::ErrorBody),
+        (status = 400, description = "a bad role, or a tenant missing or not allowed for the role", body = crate::error::ErrorBody),
+        (status = 403, description = "only finance administers tokens", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -89,8 +89,8 @@ pub struct TokenPath {
 #[utoipa::path(post, path = "/v1/tokens/{token_id}/revoke", params(("token_id" = String, Path)),
     responses(
         (status = 200, description = "the revoked token; its sessions are ended", body = crate::store::access::TokenInfo),
-        (status = 403, description = "only finance administers tokens", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "only finance administers tokens", body = crate::error::ErrorBody),
+        (status = 404, description = "no such token", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]

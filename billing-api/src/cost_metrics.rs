@@ -11,7 +11,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -20,7 +19,6 @@ use axum::response::IntoResponse;
 use chrono::Utc;
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
-use tokio::sync::Mutex;
 
 use crate::auth::{bearer_token, hash_token};
 use crate::drafts;
@@ -31,10 +29,6 @@ use crate::state::AppState;
 use crate::store;
 
 const MAX_AGE: Duration = Duration::from_secs(30);
-
-/// The last rendering and when it was made.
-#[derive(Clone, Default)]
-pub struct Cache(Arc<Mutex<Option<(Instant, String)>>>);
 
 pub async fn metrics(
     State(state): State<AppState>,

@@ -1,5 +1,6 @@
 //! billing-api errors as `{"error": {"code", "message"}}`; the one place
-//! errors become HTTP. 5xx bodies are generic, the detail goes to the log.
+//! errors become HTTP, and the shape the OpenAPI document gives them
+//! ([`ErrorBody`]). 5xx bodies are generic, the detail goes to the log.
 //! Extractor rejections (malformed JSON, queries and paths, a body too
 //! large or of the wrong type) come here too, through the extractors in
 //! [`crate::extract`], as do unknown paths and methods (the router's
@@ -136,4 +137,47 @@ impl IntoResponse for BillingError {
         )
             .into_response()
     }
+}
+
+/// The error shape every 4xx and 5xx uses.
+#[derive(utoipa::ToSchema)]
+#[expect(
+    dead_code,
+    reason = "documents the shape for the OpenAPI document; errors are built above"
+)]
+pub struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(utoipa::ToSchema)]
+#[expect(
+    dead_code,
+    reason = "documents the shape for the OpenAPI document; errors are built above"
+)]
+pub struct ErrorDetail {
+    /// Stable and machine-readable (`BillingError::code`).
+    #[schema(value_type = ErrorCode)]
+    code: String,
+    /// For people; for a 5xx, only "internal error".
+    message: String,
+}
+
+/// The values of `error.code`.
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "snake_case")]
+pub enum ErrorCode {
+    BadRequest,
+    Unauthenticated,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    Conflict,
+    UnpricedUsage,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    /// 408 from the serving layer: the body did not arrive in time.
+    RequestTimeout,
+    /// 400 from the serving layer: the body could not be read.
+    BodyUnreadable,
+    Internal,
 }

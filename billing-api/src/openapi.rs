@@ -15,52 +15,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-/// The error shape every 4xx and 5xx uses.
-#[derive(utoipa::ToSchema)]
-#[expect(
-    dead_code,
-    reason = "documents the shape; errors are built in error.rs"
-)]
-pub struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(utoipa::ToSchema)]
-#[expect(
-    dead_code,
-    reason = "documents the shape; errors are built in error.rs"
-)]
-pub struct ErrorDetail {
-    /// Stable and machine-readable (`BillingError::code`).
-    #[schema(value_type = ErrorCode)]
-    code: String,
-    /// For people; for a 5xx, only "internal error".
-    message: String,
-}
-
-/// The values of `error.code`.
-#[derive(utoipa::ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[expect(
-    dead_code,
-    reason = "documents the codes; errors are built in error.rs"
-)]
-enum ErrorCode {
-    BadRequest,
-    Unauthenticated,
-    Forbidden,
-    NotFound,
-    MethodNotAllowed,
-    Conflict,
-    UnpricedUsage,
-    PayloadTooLarge,
-    UnsupportedMediaType,
-    /// 408 from the serving layer: the body did not arrive in time.
-    RequestTimeout,
-    /// 400 from the serving layer: the body could not be read.
-    BodyUnreadable,
-    Internal,
-}
+use crate::error::{ErrorBody, ErrorCode, ErrorDetail};
 
 struct Bearer;
 

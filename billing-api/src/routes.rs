@@ -39,9 +39,9 @@ pub(crate) async fn known_tenant(
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/invoices/{period}", params(("tenant" = TenantId, Path), ("period" = Month, Path)),
     responses(
         (status = 200, description = "the finalized invoice, or a fresh draft", body = crate::invoice::Invoice),
-        (status = 403, description = "the role may not read money", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
-        (status = 409, description = "no price book is in effect for the month, or usage of a model it does not price", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not read money", body = crate::error::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::error::ErrorBody),
+        (status = 409, description = "no price book is in effect for the month, or usage of a model it does not price", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -62,9 +62,9 @@ pub async fn get_invoice(
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/invoices/{period}/finalize", params(("tenant" = TenantId, Path), ("period" = Month, Path)),
     responses(
         (status = 200, description = "the finalized invoice (the same one when called again)", body = crate::invoice::Invoice),
-        (status = 403, description = "only finance finalizes", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
-        (status = 409, description = "the month has not ended, or it cannot be rated (no price book, an unpriced model)", body = crate::openapi::ErrorBody),
+        (status = 403, description = "only finance finalizes", body = crate::error::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::error::ErrorBody),
+        (status = 409, description = "the month has not ended, or it cannot be rated (no price book, an unpriced model)", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -101,9 +101,9 @@ pub struct VoidBody {
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/invoices/{period}/void", params(("tenant" = TenantId, Path), ("period" = Month, Path)), request_body = VoidBody,
     responses(
         (status = 200, description = "the voided invoice", body = crate::invoice::Invoice),
-        (status = 403, description = "only finance voids", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
-        (status = 409, description = "no finalized invoice for the month", body = crate::openapi::ErrorBody),
+        (status = 403, description = "only finance voids", body = crate::error::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::error::ErrorBody),
+        (status = 409, description = "no finalized invoice for the month", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -146,9 +146,9 @@ pub struct BudgetSet {
 #[utoipa::path(put, path = "/v1/tenants/{tenant}/budgets/{period}", params(("tenant" = TenantId, Path), ("period" = Month, Path)), request_body = BudgetBody,
     responses(
         (status = 200, description = "the budget as set; the shadow bill measures the month against it", body = BudgetSet),
-        (status = 403, description = "only finance sets budgets", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
-        (status = 409, description = "the month's invoice is finalized: its budget no longer changes", body = crate::openapi::ErrorBody),
+        (status = 403, description = "only finance sets budgets", body = crate::error::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::error::ErrorBody),
+        (status = 409, description = "the month's invoice is finalized: its budget no longer changes", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -184,9 +184,9 @@ pub struct ShadowQuery {
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/shadow-bill", params(("tenant" = TenantId, Path), ShadowQuery),
     responses(
         (status = 200, description = "what the tenant would pay", body = crate::shadow::ShadowBill),
-        (status = 403, description = "the role may not read money", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
-        (status = 409, description = "no price book is in effect for the month, or usage of a model it does not price", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not read money", body = crate::error::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::error::ErrorBody),
+        (status = 409, description = "no price book is in effect for the month, or usage of a model it does not price", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -242,8 +242,8 @@ pub struct InvoicePage {
                 (InvoicePage = "application/json"),
                 (String = "text/csv"),
             )),
-        (status = 403, description = "only finance lists every tenant", body = crate::openapi::ErrorBody),
-        (status = 409, description = "no price book is in effect for the month, or usage of a model it does not price", body = crate::openapi::ErrorBody),
+        (status = 403, description = "only finance lists every tenant", body = crate::error::ErrorBody),
+        (status = 409, description = "no price book is in effect for the month, or usage of a model it does not price", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -294,8 +294,8 @@ pub struct FocusQuery {
                 (String = "text/csv"),
                 (Vec<u8> = "application/vnd.apache.parquet"),
             )),
-        (status = 403, description = "only finance exports", body = crate::openapi::ErrorBody),
-        (status = 409, description = "no price book is in effect for the month, or usage of a model it does not price", body = crate::openapi::ErrorBody),
+        (status = 403, description = "only finance exports", body = crate::error::ErrorBody),
+        (status = 409, description = "no price book is in effect for the month, or usage of a model it does not price", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -337,7 +337,7 @@ fn csv_response(body: String, next: Option<String>) -> Response {
 #[utoipa::path(get, path = "/v1/requests/{request_id}", params(("request_id" = RequestId, Path)),
     responses(
         (status = 200, description = "the request and the invoice it was billed on, without money, from request_log or (past its retention) the archive", body = crate::lookup::Lookup),
-        (status = 404, description = "no such request, or (for a team lead) another tenant's", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such request, or (for a team lead) another tenant's", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -373,7 +373,7 @@ pub struct LoadedBook {
 #[utoipa::path(post, path = "/v1/price-books", request_body(content = String, content_type = "application/yaml", description = "a price book in YAML"),
     responses(
         (status = 200, description = "loaded (replacing a book of the same version)", body = LoadedBook),
-        (status = 403, description = "only finance loads price books", body = crate::openapi::ErrorBody),
+        (status = 403, description = "only finance loads price books", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]

@@ -1,14 +1,17 @@
 //! The state every handler shares. Below the handlers and the router, so
 //! no module that uses it imports the module that builds it.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
+use tokio::sync::Mutex;
 
 #[derive(Clone)]
 pub struct AppState {
     pub pool: PgPool,
-    pub cost_metrics: crate::cost_metrics::Cache,
+    /// `/metrics`' last rendering ([`crate::cost_metrics`]).
+    pub cost_metrics: MetricsCache,
     /// The bearer token `/metrics` asks for (its SHA-256); `None` leaves
     /// `/metrics` closed to everyone.
     pub metrics_token_hash: Option<[u8; 32]>,
@@ -35,3 +38,7 @@ impl AppState {
         }
     }
 }
+
+/// The last rendering of the cost metrics and when it was made.
+#[derive(Clone, Default)]
+pub struct MetricsCache(pub(crate) Arc<Mutex<Option<(Instant, String)>>>);

@@ -63,8 +63,8 @@ fn parse_time(name: &str, value: &str) -> Result<DateTime<Utc>, BillingError> {
     params(("tenant" = TenantId, Path), Range),
     responses(
         (status = 200, description = "hourly usage rows and totals", body = UsageResponse),
-        (status = 403, description = "the role may not read usage", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such tenant, or not this caller's", body = crate::openapi::ErrorBody),
+        (status = 403, description = "the role may not read usage", body = crate::error::ErrorBody),
+        (status = 404, description = "no such tenant, or not this caller's", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
