@@ -61,10 +61,6 @@ impl HttpFloors {
     }
 }
 
-/// Why a request did not pass the floors (the caller answers 503
-/// `no_capacity`, or queues it).
-pub type Refused = HeldForFloors;
-
 impl PoolFloors {
     fn lock(&self) -> std::sync::MutexGuard<'_, Floors> {
         self.floors.lock().unwrap_or_else(PoisonError::into_inner)
@@ -80,13 +76,14 @@ impl PoolFloors {
     /// in it, by name with their KV reading); when it may, its
     /// tokens count in flight until the returned share is dropped (or
     /// [`FloorShare::placed`] moves them onto the replica it started on).
+    /// Refused, the caller answers 503 `no_capacity` or queues it.
     pub fn admit(
         self: &Arc<Self>,
         replicas: &[(&str, &Occupancy)],
         tenant: &str,
         kv: u64,
         threshold_percent: u64,
-    ) -> Result<FloorShare, Refused> {
+    ) -> Result<FloorShare, HeldForFloors> {
         let mut floors = self.lock();
         if !floors.is_empty() {
             match pool_kv(replicas) {

@@ -648,15 +648,30 @@ mod tests {
   - {model: m, url: 'http://127.0.0.1:2', gpus: 1, max_context: 1000, replica_id: b}
 ";
 
-    #[test]
-    fn a_model_may_be_listed_once_per_replica() {
-        let path = file(TWO);
+    /// The upstreams of an upstreams file `body`, without the simulator's.
+    fn upstreams(body: &str) -> Upstreams {
+        let path = file(body);
         let models = load(&path).unwrap();
         std::fs::remove_file(&path).ok();
-        assert_eq!(models.len(), 2);
-        let ups = Upstreams::new(Arc::new(Simulator::new(Vec::new(), 0)), models).unwrap();
+        Upstreams::new(Arc::new(Simulator::new(Vec::new(), 0)), models).unwrap()
+    }
+
+    #[test]
+    fn a_model_may_be_listed_once_per_replica() {
+        let ups = upstreams(TWO);
         assert_eq!(ups.models().iter().filter(|m| m.name == "m").count(), 1);
         assert_eq!(ups.remote().len(), 2);
+    }
+
+    #[test]
+    fn a_replicas_kv_capacity_may_be_set_in_the_file() {
+        let ups = upstreams(&TWO.replace("replica_id: a}", "replica_id: a, kv_tokens: 5000}"));
+        assert_eq!(ups.remote()[0].occupancy.kv_tokens(), Some(5_000));
+        assert_eq!(
+            ups.remote()[1].occupancy.kv_tokens(),
+            None,
+            "read from its /metrics"
+        );
     }
 
     #[test]
@@ -677,6 +692,10 @@ mod tests {
                 TWO.replace("replica_id: b}", "replica_id: b, replica_reports: true}"),
                 "replica_reports: true needs identity_secret_env",
             ),
+            (
+                TWO.replace("replica_id: b}", "replica_id: b, kv_tokens: 0}"),
+                "kv_tokens must be 1 to",
+            ),
         ] {
             let path = file(&body);
             let err = load(&path).unwrap_err().to_string();
@@ -690,10 +709,7 @@ mod tests {
 
     #[test]
     fn of_two_replicas_the_one_with_fewer_in_flight_goes_first() {
-        let path = file(TWO);
-        let models = load(&path).unwrap();
-        std::fs::remove_file(&path).ok();
-        let ups = Upstreams::new(Arc::new(Simulator::new(Vec::new(), 0)), models).unwrap();
+        let ups = upstreams(TWO);
         let replicas: Vec<&Arc<HttpUpstream>> = ups.remote().iter().collect();
         let _busy = replicas[0].ledger.join(100);
         for draw in 0..8 {
@@ -705,10 +721,7 @@ mod tests {
 
     #[test]
     fn what_was_sent_since_the_last_poll_counts_in_the_choice() {
-        let path = file(TWO);
-        let models = load(&path).unwrap();
-        std::fs::remove_file(&path).ok();
-        let ups = Upstreams::new(Arc::new(Simulator::new(Vec::new(), 0)), models).unwrap();
+        let ups = upstreams(TWO);
         let replicas: Vec<&Arc<HttpUpstream>> = ups.remote().iter().collect();
         for r in &replicas {
             r.occupancy.set_kv_tokens(10_000);
