@@ -203,7 +203,9 @@ mod tests {
         let (a, b) = (Occupancy::default(), Occupancy::default());
         a.set_kv_tokens(1_000);
         let replicas = [("a", &a), ("b", &b)];
+        assert!(!pool.warned.load(Ordering::Relaxed));
         assert!(pool.admit(&replicas, "batch", 900, 60).is_ok());
+        assert!(pool.warned.load(Ordering::Relaxed), "the log says so, once");
         b.set_kv_tokens(1_000);
         assert!(pool.admit(&replicas, "batch", 900, 60).is_err());
     }
