@@ -383,6 +383,20 @@ mod tests {
     }
 
     #[test]
+    fn a_key_under_16_characters_is_refused_naming_its_id_not_the_key() {
+        let base = include_str!("../../config/tenants.yaml");
+        let at = |key: &str| base.replacen("sk-demo-acme-corp-0001", key, 1);
+        assert!(parse(&at("sk-0123456789abc")).is_ok(), "16 characters pass");
+        let err = parse(&at("sk-0123456789ab")).unwrap_err().to_string();
+        assert!(
+            err.contains("acme-corp") && err.contains("key_acme_demo"),
+            "{err}"
+        );
+        assert!(err.contains("shorter than 16 characters"), "{err}");
+        assert!(!err.contains("sk-0123456789ab"), "the key itself: {err}");
+    }
+
+    #[test]
     fn a_bad_billing_mode_is_refused_naming_the_field() {
         let text = include_str!("../../config/tenants.yaml").replacen(
             "billingMode: per_token",

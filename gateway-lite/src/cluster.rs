@@ -8,22 +8,35 @@
 //! counted while that key lives, so a SIGKILLed gateway's holdings return
 //! within 15 s and a live gateway's never expire.
 //!
+//! The liveness key holds this process's *incarnation* (random at each
+//! start), and capacity units are held under [`Cluster::holder`]
+//! (`{id}#{incarnation}`): a gateway restarted with the same `GATEWAY_ID`
+//! replaces the incarnation at its first heartbeat, and what its previous
+//! life held stops counting at once (it holds nothing yet).
+//!
 //! [`Mode::Shared`]: limits are leased from Redis. [`Mode::Local`]: Redis
 //! did not answer (or `GATEWAY_LIMITS=local`); each gateway enforces its
 //! share of every limit — the limit divided by the number of gateways it
 //! last saw — in memory, and the heartbeat brings it back to shared mode
 //! by itself once Redis answers. The mode is on `/metrics`
-//! (`gateway_limits_mode`) and every change is logged.
+//! (`gateway_limits_mode`) and every change is logged. A call that finds
+//! its connection dropped (Redis restarted) is tried once more on a new
+//! one before Redis counts as unreachable.
 //!
-//! Redis keeps nothing on disk: when a heartbeat finds its own liveness key
-//! gone although it renewed it in time, Redis lost its state, and the
-//! limiter registers what this gateway holds again.
-
+//! Redis keeps nothing on disk. `{prefix}epoch` is written by the first
+//! heartbeat and never expires, so its absence means Redis lost
+//! everything (restarted empty, or `FLUSHALL`). Whoever notices first — a
+//! heartbeat of a gateway that had one before, or a lease — starts
+//! `{prefix}settling` ([`SETTLE`]): no capacity is leased until it ends,
+//! and by then every live gateway's heartbeat (every [`RENEW_EVERY`]) has
+//! found its liveness key gone and registered again what it holds. Rates
+//! are not held back: every bucket starts full again (see the README).
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Script;
 
 /// How often a gateway renews what it holds.
 pub const RENEW_EVERY: Duration = Duration::from_secs(5);
@@ -31,6 +44,10 @@ pub const RENEW_EVERY: Duration = Duration::from_secs(5);
 pub const RECLAIM_AFTER: Duration = Duration::from_secs(15);
 /// While Redis is down, how often it is tried again.
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// After Redis lost everything, how long no capacity is leased: a
+/// heartbeat interval for every live gateway to register what it holds,
+/// and two renewal ticks of slack.
+pub const SETTLE: Duration = Duration::from_secs(RENEW_EVERY.as_secs() + 2);
 /// The longest a Redis call may take before the gateway counts Redis as
 /// unreachable (on the request path this is the worst added latency).
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(250);
@@ -64,9 +81,17 @@ struct Inner {
     /// `None`: `GATEWAY_LIMITS=local`, never shared.
     conn: Option<ConnectionManager>,
     gateway_id: String,
+    /// Random at each start: the value of this gateway's liveness key.
+    incarnation: String,
+    /// `{id}#{incarnation}`: the field of what this process holds.
+    holder: String,
     prefix: String,
     shared: AtomicBool,
     peers: AtomicU32,
+    /// A heartbeat of this process succeeded once: an epoch missing later
+    /// means Redis lost everything, not that the cluster is new.
+    known: AtomicBool,
+    heartbeat: Script,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -102,19 +127,30 @@ impl Cluster {
         // Until the first heartbeat says otherwise, local: nothing on the
         // request path waits for a Redis that may not be there.
         crate::telemetry::limits_mode(Mode::Local.as_str());
+        let incarnation = format!("{:016x}", rand::random::<u64>());
         Self {
             inner: Arc::new(Inner {
                 conn,
                 gateway_id: gateway_id.to_owned(),
+                holder: format!("{gateway_id}#{incarnation}"),
+                incarnation,
                 prefix: prefix.to_owned(),
                 shared: AtomicBool::new(false),
                 peers: AtomicU32::new(1),
+                known: AtomicBool::new(false),
+                heartbeat: Script::new(HEARTBEAT),
             }),
         }
     }
 
     pub fn gateway_id(&self) -> &str {
         &self.inner.gateway_id
+    }
+
+    /// The field this process holds capacity under: its id and
+    /// incarnation, so nothing a previous life of the same id held counts.
+    pub fn holder(&self) -> &str {
+        &self.inner.holder
     }
 
     pub fn mode(&self) -> Mode {
@@ -138,6 +174,17 @@ impl Cluster {
     /// The liveness key of gateway `id`.
     pub fn alive_key(&self, id: &str) -> String {
         self.key(&format!("gw:{id}"))
+    }
+
+    /// Written by the first heartbeat, never expiring: gone means Redis
+    /// lost everything.
+    pub fn epoch_key(&self) -> String {
+        self.key("epoch")
+    }
+
+    /// Lives [`SETTLE`] after Redis lost everything: no capacity leased.
+    pub fn settling_key(&self) -> String {
+        self.key("settling")
     }
 
     /// Whether the gateways share a Redis at all (not `GATEWAY_LIMITS=local`),
@@ -195,51 +242,81 @@ impl Cluster {
     }
 
     /// One heartbeat: renews this gateway's liveness and counts the live
-    /// gateways. Returns whether Redis had lost this gateway's liveness
-    /// key (Redis restarted empty, or this gateway is new), in which case
-    /// whatever it holds must be registered again.
+    /// gateways (one Lua call, on Redis's clock). Returns whether Redis
+    /// did not hold this process's liveness (Redis lost its state, this
+    /// gateway was silent 15 s, or it is new), in which case whatever it
+    /// holds must be registered again.
     pub async fn heartbeat(&self) -> Result<bool, redis::RedisError> {
         let Some(mut conn) = self.any_conn() else {
             return Ok(false);
         };
-        crate::telemetry::redis_call("heartbeat");
         let id = &self.inner.gateway_id;
-        let members = self.key("gateways");
-        // The set's scores are Redis's own clock, so gateways' clocks never matter.
-        let (time, previous): ((u64, u64), Option<String>) = redis::pipe()
-            .cmd("TIME")
-            .cmd("GET")
-            .arg(self.alive_key(id))
-            .query_async(&mut conn)
-            .await?;
-        let now_ms = time.0 * 1000 + time.1 / 1000;
-        let stale = now_ms.saturating_sub(RECLAIM_AFTER.as_millis() as u64);
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(self.alive_key(id))
-            .arg(1)
-            .arg("EX")
-            .arg(RECLAIM_AFTER.as_secs())
-            .ignore()
-            .cmd("ZADD")
-            .arg(&members)
-            .arg(now_ms)
+        let known = self.inner.known.load(Ordering::Acquire);
+        let mut call = self.inner.heartbeat.prepare_invoke();
+        call.key(self.alive_key(id))
+            .key(self.key("gateways"))
+            .key(self.epoch_key())
+            .key(self.settling_key())
             .arg(id)
-            .ignore()
-            .cmd("ZREMRANGEBYSCORE")
-            .arg(&members)
-            .arg("-inf")
-            .arg(format!("({stale}"))
-            .ignore()
-            .cmd("ZCARD")
-            .arg(&members);
-        let (peers,): (u32,) = pipe.query_async(&mut conn).await?;
+            .arg(&self.inner.incarnation)
+            .arg(RECLAIM_AFTER.as_millis() as u64)
+            .arg(if known { "1" } else { "0" })
+            .arg(SETTLE.as_millis() as u64);
+        crate::telemetry::redis_call("heartbeat");
+        let reply: Result<(u32, String, i64), _> = match call.invoke_async(&mut conn).await {
+            Err(e) if e.is_connection_dropped() => {
+                // Redis restarted: the manager reconnects for this try.
+                crate::telemetry::redis_call("heartbeat");
+                call.invoke_async(&mut conn).await
+            }
+            other => other,
+        };
+        let (peers, previous, reset) = reply?;
+        let lost = previous != self.inner.incarnation;
+        if known && lost && !previous.is_empty() {
+            tracing::error!(
+                gateway_id = %id,
+                "another process holds this GATEWAY_ID's liveness: every gateway needs an id of its own"
+            );
+        }
+        if reset == 1 {
+            tracing::warn!(
+                settle_ms = SETTLE.as_millis() as u64,
+                "Redis lost its state: capacity is leased again once every gateway registered what it holds"
+            );
+        }
+        self.inner.known.store(true, Ordering::Release);
         self.inner.peers.store(peers.max(1), Ordering::Relaxed);
         crate::telemetry::peers(peers.max(1));
         if !self.inner.shared.swap(true, Ordering::AcqRel) {
             tracing::info!(peers, "Redis reachable: limits shared with every gateway");
             crate::telemetry::limits_mode(Mode::Shared.as_str());
         }
-        Ok(previous.is_none())
+        Ok(lost)
     }
 }
+
+/// The heartbeat. KEYS: this gateway's liveness, the gateways' set, the
+/// epoch, the settling key. ARGV: id, incarnation, liveness ms, whether
+/// this process had a heartbeat before (`1`), settle ms. Returns `{live
+/// gateways, the liveness key's previous value ('' if none), 1 if this
+/// call found Redis emptied}`.
+const HEARTBEAT: &str = r"
+local alive, members, epoch, settling = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local id, inc, reclaim, known, settle = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local previous = redis.call('GET', alive) or ''
+local reset = 0
+if redis.call('EXISTS', epoch) == 0 then
+  redis.call('SET', epoch, now)
+  if known == '1' then
+    redis.call('SET', settling, now, 'PX', settle, 'NX')
+    reset = 1
+  end
+end
+redis.call('SET', alive, inc, 'PX', reclaim)
+redis.call('ZADD', members, now, id)
+redis.call('ZREMRANGEBYSCORE', members, '-inf', string.format('(%d', now - reclaim))
+return {redis.call('ZCARD', members), previous, reset}
+";

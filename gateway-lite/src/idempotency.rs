@@ -22,12 +22,21 @@
 //! its usage event carries the first attempt's id and ingest's dedupe
 //! bills it once: the client gets a fresh answer under the same
 //! `X-Request-Id`, and the first attempt's figures are what is billed (the
-//! re-run's event is a dead letter of kind `conflicting_version`, or
-//! nothing when identical). A failed or cancelled attempt (billed for what
-//! it used) marks the claim `failed`; the retry runs as the next attempt,
-//! with the next id. What this cannot cover: Redis lost the claim, the
-//! retry lands on another gateway *and* after midnight UTC — then it is a
-//! new request of the new day.
+//! re-run's event is a dead letter, or nothing when identical).
+//!
+//! Only a billed attempt consumes an attempt number. One refused before
+//! it ran (a limit's 429, a full queue's 503, anything before its usage
+//! event is written: [`Guard::billed`] was never called) puts the claim
+//! back as it found it — gone if it created it — so the attempt that is
+//! answered is attempt 0 unless a billed attempt failed before it, and a
+//! gateway that finds no claim in Redis (flushed, restarted empty) derives
+//! the same id. A failed or cancelled attempt (billed for what it used)
+//! marks the claim `failed`; the retry runs as the next attempt, with the
+//! next id. What this cannot cover: Redis lost the claim, the retry lands
+//! on another gateway *and* after midnight UTC — then it is a new request
+//! of the new day; and after a billed failure, a retry on another gateway
+//! once Redis lost the claim runs under the failed attempt's id (billed
+//! once, as the failed attempt).
 //!
 //! Keys in flight on this gateway are also tracked in memory, so two
 //! concurrent duplicates on one gateway never reach Redis both. When Redis
@@ -59,34 +68,53 @@ pub const MAX_KEY_LEN: usize = 255;
 ///
 /// KEYS[1]: the claim. ARGV: body hash, this gateway, liveness key prefix,
 /// TTL ms, whether a retry may run (`1`; else it is shed, nothing changed).
-/// Returns `{'new', attempt, retry (0/1)}`, `{'replay', request id, content
-/// type, body}`, `{'in_flight'}`, `{'mismatch'}` or `{'shed'}`.
+/// Returns `{'new', attempt, retry (0/1), state, owner, attempt}` (the
+/// last three: the claim as it was, `''` when there was none, to put back
+/// if this attempt is refused), `{'replay', request id, content type,
+/// body}`, `{'in_flight'}`, `{'mismatch'}` or `{'shed'}`.
 const BEGIN: &str = r"
 local k, body, me, alive, ttl, may = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local v = redis.call('HMGET', k, 'body', 'state', 'owner', 'attempt', 'rid', 'ctype', 'answer')
 if not v[1] then
   redis.call('HSET', k, 'body', body, 'state', 'running', 'owner', me, 'attempt', 0)
   redis.call('PEXPIRE', k, ttl)
-  return {'new', 0, 0}
+  return {'new', 0, 0, '', '', ''}
 end
 if v[1] ~= body then return {'mismatch'} end
 if v[2] == 'done' then return {'replay', v[5], v[6], v[7]} end
 local attempt = tonumber(v[4]) or 0
-if v[2] == 'kept' then
+local state, owner = v[2] or 'failed', v[3] or ''
+if state == 'kept' then
   -- Answered, the answer too large to share: run again, same attempt.
   if may ~= '1' then return {'shed'} end
   redis.call('HSET', k, 'state', 'running', 'owner', me)
-  return {'new', attempt, 1}
+  return {'new', attempt, 1, state, owner, attempt}
 end
-if v[2] == 'running' then
-  if v[3] ~= me and redis.call('EXISTS', alive .. v[3]) == 1 then return {'in_flight'} end
+if state == 'running' then
+  if owner ~= me and redis.call('EXISTS', alive .. owner) == 1 then return {'in_flight'} end
   if may ~= '1' then return {'shed'} end
   redis.call('HSET', k, 'owner', me)
-  return {'new', attempt, 1}
+  return {'new', attempt, 1, state, owner, attempt}
 end
 if may ~= '1' then return {'shed'} end
 redis.call('HSET', k, 'state', 'running', 'owner', me, 'attempt', attempt + 1)
-return {'new', attempt + 1, 1}
+return {'new', attempt + 1, 1, state, owner, attempt}
+";
+
+/// Puts a claim back as an attempt refused before it ran found it.
+/// KEYS[1]: the claim. ARGV: this gateway, attempt, then the claim as it
+/// was: state (`''`: there was none), owner, attempt. Nothing changes
+/// unless the claim is still this attempt's.
+const RELEASE: &str = r"
+local k, me, attempt = KEYS[1], ARGV[1], ARGV[2]
+local v = redis.call('HMGET', k, 'state', 'owner', 'attempt')
+if v[1] ~= 'running' or v[2] ~= me or v[3] ~= attempt then return 0 end
+if ARGV[3] == '' then
+  redis.call('DEL', k)
+else
+  redis.call('HSET', k, 'state', ARGV[3], 'owner', ARGV[4], 'attempt', ARGV[5])
+end
+return 1
 ";
 
 /// Ends a claim: `done` with the answer, `kept` (answered, the answer
@@ -134,6 +162,13 @@ pub enum Begin {
     Shed,
 }
 
+/// The claim scripts.
+struct Scripts {
+    begin: Script,
+    finish: Script,
+    release: Script,
+}
+
 /// The key store; cheap to clone.
 #[derive(Clone)]
 pub struct Idempotency {
@@ -141,7 +176,7 @@ pub struct Idempotency {
     in_flight: Arc<Mutex<HashMap<Vec<u8>, [u8; 32]>>>,
     store: Outbox,
     cluster: Cluster,
-    scripts: Arc<(Script, Script)>,
+    scripts: Arc<Scripts>,
     /// How long claims and answers live in Redis.
     shared_ttl: Duration,
 }
@@ -211,7 +246,11 @@ impl Idempotency {
             in_flight: Arc::default(),
             store,
             cluster,
-            scripts: Arc::new((Script::new(BEGIN), Script::new(FINISH))),
+            scripts: Arc::new(Scripts {
+                begin: Script::new(BEGIN),
+                finish: Script::new(FINISH),
+                release: Script::new(RELEASE),
+            }),
             shared_ttl: TTL,
         }
     }
@@ -271,28 +310,35 @@ impl Idempotency {
             }
         }
         let claim = self.claim_key(&id);
-        let (attempt, retry) = match self.cluster.conn() {
-            None => (0, false),
+        let (attempt, retry, prior) = match self.cluster.conn() {
+            None => (0, false, None),
             Some(mut conn) => {
-                crate::telemetry::redis_call("idempotency");
-                let reply: Result<Vec<redis::Value>, _> = self
-                    .scripts
-                    .0
-                    .key(&claim)
-                    .arg(hex::encode(body_hash))
+                let mut call = self.scripts.begin.key(&claim);
+                call.arg(hex::encode(body_hash))
                     .arg(self.cluster.gateway_id())
                     .arg(self.cluster.alive_key(""))
                     .arg(self.shared_ttl.as_millis() as u64)
-                    .arg(if may_retry { "1" } else { "0" })
-                    .invoke_async(&mut conn)
-                    .await;
+                    .arg(if may_retry { "1" } else { "0" });
+                crate::telemetry::redis_call("idempotency");
+                let reply: Result<Vec<redis::Value>, _> = match call.invoke_async(&mut conn).await {
+                    // Redis restarted: once more, on a new connection.
+                    Err(e) if e.is_connection_dropped() => {
+                        crate::telemetry::redis_call("idempotency");
+                        call.invoke_async(&mut conn).await
+                    }
+                    other => other,
+                };
                 match reply {
                     Err(e) => {
                         self.cluster.failed(&e);
-                        (0, false)
+                        (0, false, None)
                     }
                     Ok(v) => match parse_begin(&v) {
-                        Claimed::New { attempt, retry } => (attempt, retry),
+                        Claimed::New {
+                            attempt,
+                            retry,
+                            prior,
+                        } => (attempt, retry, Some(prior)),
                         Claimed::Other(b) => return Ok(release(b)),
                     },
                 }
@@ -312,7 +358,9 @@ impl Idempotency {
             body_hash,
             attempt,
             retry,
+            prior,
             request_id: RequestId::derived(day, &seed),
+            billed: false,
             published: false,
         }))
     }
@@ -360,7 +408,7 @@ impl Idempotency {
             return;
         };
         crate::telemetry::redis_call("idempotency");
-        let mut call = self.scripts.1.key(claim);
+        let mut call = self.scripts.finish.key(claim);
         let state = match answer {
             None => "failed",
             Some(a) if a.body.len() > MAX_SHARED_ANSWER => "kept",
@@ -386,10 +434,46 @@ impl Idempotency {
             self.cluster.failed(&e);
         }
     }
+
+    /// Puts the claim back as `prior` (an attempt refused before it ran:
+    /// it consumes no attempt number).
+    async fn put_back(&self, claim: &str, attempt: u64, prior: &Prior) {
+        let Some(mut conn) = self.cluster.conn() else {
+            return;
+        };
+        crate::telemetry::redis_call("idempotency");
+        let result = self
+            .scripts
+            .release
+            .key(claim)
+            .arg(self.cluster.gateway_id())
+            .arg(attempt)
+            .arg(&prior.state)
+            .arg(&prior.owner)
+            .arg(&prior.attempt)
+            .invoke_async::<i64>(&mut conn)
+            .await;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "refused attempt's idempotency claim not put back in Redis");
+            self.cluster.failed(&e);
+        }
+    }
+}
+
+/// A claim as [`BEGIN`] found it (`state` empty: there was none).
+#[derive(Debug, Clone, Default)]
+struct Prior {
+    state: String,
+    owner: String,
+    attempt: String,
 }
 
 enum Claimed {
-    New { attempt: u64, retry: bool },
+    New {
+        attempt: u64,
+        retry: bool,
+        prior: Prior,
+    },
     Other(Begin),
 }
 
@@ -406,6 +490,11 @@ fn parse_begin(v: &[redis::Value]) -> Claimed {
         Some("new") => Claimed::New {
             attempt: text(1).and_then(|a| a.parse().ok()).unwrap_or(0),
             retry: text(2).as_deref() == Some("1"),
+            prior: Prior {
+                state: text(3).unwrap_or_default(),
+                owner: text(4).unwrap_or_default(),
+                attempt: text(5).unwrap_or_default(),
+            },
         },
         Some("shed") => Claimed::Other(Begin::Shed),
         Some("replay") => {
@@ -426,8 +515,9 @@ fn parse_begin(v: &[redis::Value]) -> Claimed {
 }
 
 /// A claimed key, held while its request runs. Dropping it releases the
-/// claim here and, unless [`Guard::publish`] was called, marks it failed
-/// in Redis (the retry runs as the next attempt).
+/// claim here and, unless [`Guard::publish`] was called, in Redis: marked
+/// failed if the attempt was [`Guard::billed`] (the retry runs as the next
+/// attempt), else put back as it was (the retry runs as this attempt).
 #[derive(Debug)]
 pub struct Guard {
     keys: Idempotency,
@@ -437,7 +527,11 @@ pub struct Guard {
     attempt: u64,
     /// The claim was there before: this request runs again.
     retry: bool,
+    /// The claim in Redis as this attempt found it (`None`: not claimed
+    /// in Redis, which was unreachable).
+    prior: Option<Prior>,
     request_id: RequestId,
+    billed: bool,
     published: bool,
 }
 
@@ -450,6 +544,12 @@ impl Guard {
     /// Whether this request runs again under a claim that was there.
     pub fn is_retry(&self) -> bool {
         self.retry
+    }
+
+    /// This attempt's usage event is durable: it used its attempt number,
+    /// and a retry runs under the next one.
+    pub fn billed(&mut self) {
+        self.billed = true;
     }
 
     /// The store entry for `response`, to commit with the usage event.
@@ -469,15 +569,23 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        if !self.published && self.keys.cluster.conn().is_some() {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        if let (false, Some(prior)) = (self.published, self.prior.take()) {
+            if let (Some(_), Ok(rt)) = (
+                self.keys.cluster.conn(),
+                tokio::runtime::Handle::try_current(),
+            ) {
                 // The key stays claimed here (a retry gets 409) until Redis
-                // knows this attempt failed: a retry must run as the next
-                // attempt, under the next id, never under this one's.
+                // knows how this attempt ended: a billed one failed, and a
+                // retry must run under the next id, never under this one's;
+                // a refused one never ran, and its retry runs under this id.
                 let (keys, claim, id) = (self.keys.clone(), self.claim.clone(), self.id.clone());
-                let (attempt, hash) = (self.attempt, self.body_hash);
+                let (attempt, hash, billed) = (self.attempt, self.body_hash, self.billed);
                 rt.spawn(async move {
-                    keys.finish(&claim, attempt, &hash, None).await;
+                    if billed {
+                        keys.finish(&claim, attempt, &hash, None).await;
+                    } else {
+                        keys.put_back(&claim, attempt, &prior).await;
+                    }
                     keys.in_flight().remove(&id);
                 });
                 return;

@@ -455,6 +455,9 @@ impl Run {
             .await;
         self.permit.settle(used, Instant::now());
         result?;
+        if let Some(guard) = self.idempotency.as_mut() {
+            guard.billed();
+        }
         if let (Some(guard), Some(a)) = (self.idempotency.as_mut(), answer_for_peers) {
             guard.publish(a).await;
         }

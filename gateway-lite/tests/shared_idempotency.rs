@@ -2,7 +2,9 @@
 //! (`REDIS_URL`, else 127.0.0.1:6379), each with its own outbox: an answer
 //! published by one is replayed by the other with its request id; a
 //! duplicate while it runs is in flight; an answer too large to share makes
-//! the other run it again under the same request id (billed once).
+//! the other run it again under the same request id (billed once); an
+//! attempt refused before it ran uses no attempt number, so the id of the
+//! one answered is derived again without Redis.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
@@ -76,4 +78,84 @@ async fn answers_cross_gateways_and_a_large_one_runs_again_under_its_id() {
         }
         other => panic!("expected a re-run, got {other:?}"),
     }
+}
+
+/// Begins `key` on `g` until the claim is no longer in flight (a dropped
+/// guard releases it in the background).
+async fn begin_when_released(g: &Idempotency, key: &str, now: i64) -> Begin {
+    for tries in 1.. {
+        match g.begin("key", key, b"body", now, true).await.unwrap() {
+            Begin::InFlight => {
+                assert!(tries < 100, "{key} stayed in flight");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
+    }
+    unreachable!()
+}
+
+#[tokio::test]
+async fn a_refused_attempt_uses_no_attempt_and_a_billed_one_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = format!("mt-test-{}:", uuid::Uuid::now_v7().simple());
+    let (a, _) = gateway(dir.path(), &prefix, "gw-a").await;
+    let (b, _) = gateway(dir.path(), &prefix, "gw-b").await;
+    let now = chrono::Utc::now().timestamp_millis();
+
+    // Refused twice before it ran (a 429, say): never billed.
+    let Begin::New(first) = a.begin("key", "order-1", b"body", now, true).await.unwrap() else {
+        panic!("a new key")
+    };
+    let id = first.request_id();
+    drop(first);
+    let Begin::New(second) = begin_when_released(&a, "order-1", now).await else {
+        panic!("a refused attempt leaves the key free")
+    };
+    assert_eq!(second.request_id(), id, "a refused attempt used no attempt");
+    assert!(!second.is_retry(), "nothing ran before: not a retry");
+    drop(second);
+    // The attempt that is answered runs under the same id; Redis then
+    // loses the claim (flushed): another gateway derives the same id.
+    let Begin::New(mut answered) = begin_when_released(&a, "order-1", now).await else {
+        panic!("free again")
+    };
+    assert_eq!(answered.request_id(), id);
+    answered.billed();
+    std::mem::forget(answered);
+    let mut conn = redis::Client::open(redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let claims: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}idem:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    let _: () = redis::cmd("DEL")
+        .arg(&claims)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    match b.begin("key", "order-1", b"body", now, true).await.unwrap() {
+        Begin::New(g) => assert_eq!(g.request_id(), id, "derived without Redis"),
+        other => panic!("expected a run, got {other:?}"),
+    }
+
+    // A billed attempt that failed (cancelled mid-stream) used its id:
+    // the retry runs under the next one.
+    let Begin::New(mut failed) = a.begin("key", "order-2", b"body", now, true).await.unwrap()
+    else {
+        panic!("a new key")
+    };
+    let failed_id = failed.request_id();
+    failed.billed();
+    drop(failed);
+    let Begin::New(retry) = begin_when_released(&a, "order-2", now).await else {
+        panic!("the retry runs")
+    };
+    assert_ne!(retry.request_id(), failed_id);
+    assert!(retry.is_retry());
 }

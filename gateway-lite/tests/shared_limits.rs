@@ -2,7 +2,11 @@
 //! else 127.0.0.1:6379), each test under its own key prefix: two limiters
 //! (two gateways) on one key stay within the limit together, where two
 //! in-memory ones admit twice; a capacity is shared and comes back when a
-//! gateway's liveness lapses; a Redis that is not there means local mode.
+//! gateway's liveness lapses, or at once when it restarts under its id; a
+//! gateway holds what its requests use and one block, not the cap; after
+//! Redis lost its state (a private one, flushed or restarted) no capacity
+//! is leased until the holders registered; a Redis that is not there
+//! means local mode.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
@@ -10,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway_lite::cluster::{Cluster, Mode};
+use gateway_lite::cluster::{Cluster, Mode, SETTLE};
 use gateway_lite::limits::{Ask, LimitKind, Limiter};
 use gateway_lite::tenants::{Caller, ModelLimits};
 
@@ -200,6 +204,36 @@ async fn no_redis_means_local_mode_and_the_gateway_keeps_answering() {
     assert_eq!(admitted, vec![5], "alone, its share is the whole limit");
 }
 
+async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Admits `c` on `l` once Redis has settled after losing its state (at
+/// most [`SETTLE`] and a second); refused as settling until then. Runs
+/// `l`'s renewal tick between tries, as its background task would.
+async fn admit_after_settling(l: &Limiter, c: &Caller, n: usize) -> gateway_lite::limits::Permit {
+    let deadline = std::time::Instant::now() + SETTLE + Duration::from_secs(1);
+    loop {
+        match l.admit(c, ask(n)).await {
+            Ok(p) => return p,
+            Err(r) => {
+                assert_eq!(r.limit, LimitKind::Concurrency);
+                assert!(r.message.contains("registering"), "{}", r.message);
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "still settling after {SETTLE:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                l.renew(false).await;
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn requests_in_flight_are_held_again_after_redis_came_back_empty() {
     let mut redis = devstack::PrivateRedis::start().await.unwrap();
@@ -223,13 +257,113 @@ async fn requests_in_flight_are_held_again_after_redis_came_back_empty() {
     a.renew(true).await;
     assert_eq!(a.cluster().mode(), Mode::Shared, "back by itself");
     // Redis came back empty; a registered its two requests in flight, so
-    // another gateway gets only the one unit left of the tenant's 3.
+    // another gateway gets only the one unit left of the tenant's 3 (once
+    // the gateways had their heartbeat's time to register).
     let b = connect("gw-b");
     b.renew(true).await;
-    let one = b.admit(&c, ask(3)).await.unwrap();
+    let one = admit_after_settling(&b, &c, 3).await;
     let refused = b.admit(&c, ask(4)).await.unwrap_err();
     assert_eq!(refused.limit, LimitKind::Concurrency);
     drop((held, one));
+}
+
+#[tokio::test]
+async fn after_a_flush_no_capacity_is_leased_until_the_holders_registered() {
+    let redis = devstack::PrivateRedis::start().await.unwrap();
+    let p = prefix();
+    let url = redis.url();
+    let connect = |id: &str| Limiter::new(None, Cluster::connect(&url, &p, id).unwrap());
+    let (a, b) = (connect("gw-a"), connect("gw-b"));
+    a.renew(true).await;
+    b.renew(true).await;
+    let c = caller(None, Some(3));
+    let held = (
+        a.admit(&c, ask(1)).await.unwrap(),
+        a.admit(&c, ask(2)).await.unwrap(),
+    );
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut redis_conn(&url).await)
+        .await
+        .unwrap();
+    // b leases before a's heartbeat noticed: Redis forgot a's two units,
+    // yet b gets none of them, nor anything, until the gateways settled.
+    let refused = b.admit(&c, ask(3)).await.unwrap_err();
+    assert_eq!(refused.limit, LimitKind::Concurrency);
+    assert!(
+        refused.message.contains("registering"),
+        "{}",
+        refused.message
+    );
+    assert!(refused.wait > Duration::from_secs(4), "{:?}", refused.wait);
+    // a's heartbeat (every 5 s) finds its liveness gone and registers.
+    a.renew(true).await;
+    let one = admit_after_settling(&b, &c, 4).await;
+    assert_eq!(
+        b.admit(&c, ask(5)).await.unwrap_err().limit,
+        LimitKind::Concurrency,
+        "a's two and b's one: the cap of 3"
+    );
+    // A rate is not held back: every bucket starts full.
+    let rated = caller(Some(60), None);
+    drop(b.admit(&rated, ask(6)).await.unwrap());
+    drop((held, one));
+}
+
+#[tokio::test]
+async fn a_gateway_restarted_under_its_id_drops_what_its_previous_life_held() {
+    let p = prefix();
+    let c = caller(None, Some(3));
+    let crashed = gateway(&p, "gw-a").await;
+    let held: Vec<_> = futures_util::future::join_all((0..3).map(|n| crashed.admit(&c, ask(n))))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    // SIGKILL: nothing given back, its liveness key still alive.
+    std::mem::forget(held);
+    std::mem::forget(crashed);
+    let again = gateway(&p, "gw-a").await;
+    let three: Vec<_> = futures_util::future::join_all((3..6).map(|n| again.admit(&c, ask(n))))
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|r| panic!("the restarted gateway holds nothing: {r:?}"));
+    assert_eq!(
+        again.admit(&c, ask(7)).await.unwrap_err().limit,
+        LimitKind::Concurrency
+    );
+    drop(three);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gateway_holds_what_its_requests_use_and_one_block_not_the_cap() {
+    let p = prefix();
+    let l = gateway(&p, "gw-a").await;
+    let c = caller(None, Some(2000));
+    // 24 at once, as the drill's streams: their leases race.
+    let held: Vec<_> = futures_util::future::join_all((0..24).map(|n| {
+        let (l, c) = (l.clone(), c.clone());
+        tokio::spawn(async move { l.admit(&c, ask(n)).await.unwrap() })
+    }))
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+    // Requests keep arriving (the lease is never a second idle); the
+    // renewal keeps one block (2000 / 10) beyond the 24 in use.
+    drop(l.admit(&c, ask(100)).await.unwrap());
+    l.renew(false).await;
+    let units: i64 = redis::cmd("HGET")
+        .arg(format!("{p}inflight:t"))
+        .arg(l.cluster().holder())
+        .query_async(&mut redis_conn(&redis_url()).await)
+        .await
+        .unwrap();
+    assert!(
+        (24..=24 + 200).contains(&units),
+        "holds {units} for 24 requests in flight"
+    );
+    drop(held);
 }
 
 #[tokio::test]

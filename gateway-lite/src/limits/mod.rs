@@ -162,7 +162,7 @@ impl Shape {
     /// tenth of its share of the capacity or 50 ms of its share of the
     /// refill, whichever is more (at least 1); of a capacity, a tenth of
     /// its share (0 below 10 per gateway: units held and unused are units
-    /// the other gateways cannot have).
+    /// the other gateways cannot have), and also the most it keeps unused.
     fn block(self, peers: u32) -> u64 {
         let n = f64::from(peers.max(1));
         match self {
@@ -204,6 +204,27 @@ impl Demand {
             limit: self.res.limit(),
             wait,
             message: self.message.clone(),
+        }
+    }
+
+    /// Refused by Redis for `why`, not by this demand's own limit unless
+    /// `why` is [`shared::Short::Limit`].
+    fn refused(&self, why: shared::Short, wait: Duration) -> Rejected {
+        let message = match why {
+            shared::Short::Limit => return self.rejected(wait),
+            shared::Short::Settling => format!(
+                "the gateways are registering their requests in flight again (the shared \
+                 Redis lost its state): this tenant's in-flight limits admit again in {}",
+                format_reset(wait)
+            ),
+            shared::Short::Unregistered => {
+                "this gateway is registering with the others: retry in a second".to_owned()
+            }
+        };
+        Rejected {
+            limit: self.res.limit(),
+            wait,
+            message,
         }
     }
 }
@@ -331,7 +352,10 @@ impl State {
     }
 
     /// Shared mode: admits from what is leased, or says what to lease
-    /// (the demand's index and the ask).
+    /// (the demand's index and the ask). A capacity is leased with a block
+    /// only when no other lease of this gateway is out: concurrent
+    /// admissions would each take one, and a gateway would hold the whole
+    /// cap for a handful of requests.
     fn admit_shared(
         &mut self,
         demands: &[Demand],
@@ -345,13 +369,17 @@ impl State {
             let need = d.need();
             if free < need {
                 let short = (need - free).ceil().max(1.0) as u64;
+                let block = match d.shape {
+                    Shape::Capacity(_) if self.leasing > 0 => 0,
+                    shape => shape.block(peers),
+                };
                 asks.push((
                     i,
                     shared::Ask {
                         key: cluster.key(&d.res.redis_name()),
                         kind: d.shape.redis(),
                         need: short,
-                        want: short + d.shape.block(peers),
+                        want: short + block,
                     },
                 ));
             }
@@ -603,6 +631,7 @@ impl Limiter {
         }
         let demands = self.demands(caller, &ask);
         let mut short = None;
+        let mut reconnected = false;
         for _ in 0..LEASE_TRIES {
             let now = at.unwrap_or_else(Instant::now);
             let mode = self.cluster.mode();
@@ -618,30 +647,37 @@ impl Limiter {
                 };
                 match admitted {
                     Ok(()) => return Ok(self.permit(&mut st, caller, &demands, ask)),
-                    Err(asks) => asks,
+                    Err(asks) => {
+                        // Counted before the lock goes, so a concurrent
+                        // admission sizes its ask knowing this one is out.
+                        st.leasing += 1;
+                        asks
+                    }
                 }
             };
             let Some(mut conn) = self.cluster.conn() else {
+                self.lock().leasing -= 1;
                 continue;
             };
-            let gw = self.cluster.gateway_id();
             let only: Vec<shared::Ask> = asks.iter().map(|(_, a)| a.clone()).collect();
             crate::telemetry::redis_call("lease");
-            self.lock().leasing += 1;
-            let leased = self
-                .scripts
-                .lease(&mut conn, gw, &self.cluster.alive_key(""), &only)
-                .await;
+            let leased = self.scripts.lease(&mut conn, &self.cluster, &only).await;
             // One critical section: this lease's grants are in the holdings
             // before it stops counting as "leasing", so an admission that
             // Redis found short and sees no lease out can trust that the
             // holdings it retries from are complete.
             let landed = self.leased.notified();
             tokio::pin!(landed);
+            let mut settled = None;
             let (refused, others) = {
                 let mut st = self.lock();
                 st.leasing -= 1;
-                let refused = match leased {
+                if leased.as_ref().is_ok_and(|r| r.register) {
+                    // Redis does not hold this gateway's liveness: the
+                    // next renewal tick registers what it holds.
+                    st.register = true;
+                }
+                let refused = match leased.map(|r| r.leased) {
                     Ok(shared::Leased::Granted(grants)) => {
                         if st.mode == Some(Mode::Shared) {
                             for ((i, _), (granted, left)) in asks.iter().zip(grants) {
@@ -650,7 +686,11 @@ impl Limiter {
                         }
                         None
                     }
-                    Ok(shared::Leased::Short { index, wait_ms }) => {
+                    Ok(shared::Leased::Short {
+                        index,
+                        wait_ms,
+                        why,
+                    }) => {
                         // Concurrent admissions of this gateway lease at
                         // the same time: Redis may be short because this
                         // gateway holds (or is receiving) the blocks. Try
@@ -660,16 +700,28 @@ impl Limiter {
                             .get(index)
                             .and_then(|(i, _)| demands.get(*i))
                             .unwrap_or(&demands[0]);
+                        let wait = Duration::from_millis(wait_ms);
                         if shared && st.admit_shared(&demands, &self.cluster, now).is_ok() {
                             Some(Ok(self.permit(&mut st, caller, &demands, ask.clone())))
+                        } else if why != shared::Short::Limit {
+                            // Nothing another lease of this gateway brings
+                            // changes this: refused now.
+                            settled = Some(d.refused(why, wait));
+                            None
                         } else if shared && st.covers(d) {
                             // What Redis is short of, this gateway holds;
                             // the rest (another tenant's bucket, say) was
                             // not granted with it: lease that again.
                             None
                         } else {
-                            Some(Err(d.rejected(Duration::from_millis(wait_ms))))
+                            Some(Err(d.rejected(wait)))
                         }
+                    }
+                    Err(e) if e.is_connection_dropped() && !reconnected => {
+                        // Redis restarted: the connection is made again
+                        // for the next try before Redis counts as gone.
+                        reconnected = true;
+                        None
                     }
                     Err(e) => {
                         self.cluster.failed(&e);
@@ -684,6 +736,9 @@ impl Limiter {
                 (refused, st.leasing > 0)
             };
             self.leased.notify_waiters();
+            if let Some(refused) = settled {
+                return Err(refused);
+            }
             match refused {
                 Some(Ok(permit)) => return Ok(permit),
                 Some(Err(refused)) if !others => return Err(refused),
@@ -803,10 +858,13 @@ impl Limiter {
         })
     }
 
-    /// One round of [`Limiter::spawn_renewal`]; `full` also renews.
+    /// One round of [`Limiter::spawn_renewal`]; `full` also renews. A
+    /// registration pending (a lease found this gateway's liveness gone)
+    /// runs with the heartbeat that makes it count.
     pub async fn renew(&self, full: bool) {
         let cluster = &self.cluster;
-        if cluster.mode() == Mode::Local || full {
+        let pending = self.lock().register;
+        if cluster.mode() == Mode::Local || full || pending {
             match cluster.heartbeat().await {
                 Ok(lost) => {
                     if lost {
@@ -823,18 +881,24 @@ impl Limiter {
             return;
         };
         let now = Instant::now();
+        let peers = cluster.peers();
         let (returns, capacities, register, leases) = {
             let mut st = self.lock();
             st.sync(Mode::Shared, now);
             let mut returns = Vec::new();
             let used: HashMap<Resource, u64> = st.in_use.clone();
             for (res, h) in st.holdings.iter_mut() {
-                if now.saturating_duration_since(h.touched) < GIVE_BACK_AFTER {
-                    continue;
-                }
+                let idle = now.saturating_duration_since(h.touched) >= GIVE_BACK_AFTER;
+                // Of a rate, what is unspent after a second; of a capacity,
+                // what its requests do not use beyond one block (all of it
+                // after a second): a busy gateway never sits on the cap.
                 let keep = match h.shape {
+                    Shape::Rate(_) if !idle => continue,
                     Shape::Rate(_) => 0.0,
-                    Shape::Capacity(_) => used.get(res).copied().unwrap_or(0) as f64,
+                    Shape::Capacity(_) => {
+                        let block = if idle { 0 } else { h.shape.block(peers) };
+                        (used.get(res).copied().unwrap_or(0) + block) as f64
+                    }
                 };
                 let spare = (h.units - keep).floor();
                 if spare >= 1.0 {
@@ -867,7 +931,7 @@ impl Limiter {
             crate::telemetry::redis_call("give_back");
             if let Err(e) = self
                 .scripts
-                .give_back(&mut conn, cluster.gateway_id(), &returns)
+                .give_back(&mut conn, cluster.holder(), &returns)
                 .await
             {
                 cluster.failed(&e);
@@ -876,7 +940,7 @@ impl Limiter {
         }
         if !capacities.is_empty() || !leases.is_empty() {
             crate::telemetry::redis_call("renew");
-            let pipe = shared::renewal(cluster.gateway_id(), &capacities, register, &leases);
+            let pipe = shared::renewal(cluster.holder(), &capacities, register, &leases);
             if let Err(e) = pipe.query_async::<()>(&mut conn).await {
                 if register {
                     self.lock().register = true;
@@ -916,7 +980,7 @@ impl Limiter {
         crate::telemetry::redis_call("give_back");
         if let Err(e) = self
             .scripts
-            .give_back(&mut conn, self.cluster.gateway_id(), &returns)
+            .give_back(&mut conn, self.cluster.holder(), &returns)
             .await
         {
             tracing::warn!(error = %e, "could not give back leased limits on shutdown");

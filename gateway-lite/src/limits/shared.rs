@@ -10,12 +10,17 @@
 //!   are given back. Whatever is leased is out of the bucket, so the
 //!   gateways together never admit more than the bucket allows; what sits
 //!   unspent in a lease only makes the others stricter, for a second.
-//! - a **capacity** (requests or KV·seconds in flight): a hash of gateway →
-//!   units it holds. A gateway leases units in blocks, its requests use
-//!   them, and units it holds but does not use are given back after a
-//!   second. A gateway's units count only while its liveness key lives
-//!   (see [`crate::cluster`]), so a SIGKILLed gateway's units return
-//!   within 15 s, and a live one's never expire.
+//! - a **capacity** (requests or KV·seconds in flight): a hash of holder
+//!   (`{gateway}#{incarnation}`) → units it holds. A gateway leases what
+//!   its requests need plus at most one block, and keeps at most one
+//!   block beyond what its requests use (all of it goes back after a
+//!   second unused), so a gateway that dies holds little more than it
+//!   used. A holder's units count only while its gateway's liveness key
+//!   holds its incarnation (see [`crate::cluster`]): a SIGKILLed gateway's
+//!   units return within 15 s, at once when it restarts under the same
+//!   id, and a live one's never expire. No capacity is leased while Redis
+//!   settles after losing everything, nor to a gateway whose liveness
+//!   Redis does not hold.
 //!
 //! Both scripts run atomically in Redis: one lease call checks and takes
 //! every resource a request needs, or takes nothing and says which one is
@@ -25,17 +30,41 @@ use redis::Script;
 
 /// Checks every resource, then takes a block of each, or nothing.
 ///
-/// KEYS: the resources. ARGV: this gateway's id, the liveness key prefix,
+/// KEYS: the resources. ARGV: this process's holder field (`{id}#{incarnation}`),
+/// the liveness key prefix, the epoch key, the settling key, settle ms,
 /// then five values per resource: kind (`r` rate, `c` capacity), need,
 /// want (need plus the block), capacity, refill per millisecond.
-/// Returns `{1, grant, left, grant, left, ...}` or `{0, index, wait_ms}`.
+/// Returns `{1, register, grant, left, grant, left, ...}` or
+/// `{0, register, index, wait_ms, why}` (`why`: 0 short, 1 settling after
+/// Redis lost everything, 2 this gateway's liveness is not in Redis);
+/// `register` is 1 when Redis does not hold this gateway's liveness.
 const LEASE: &str = r"
-local me, alive = ARGV[1], ARGV[2]
+local me, alive, epoch, settling, settle = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', epoch) == 0 then
+  -- Redis lost everything since the first heartbeat: the gateways must
+  -- register what they hold before any capacity is leased.
+  redis.call('SET', epoch, now)
+  redis.call('SET', settling, now, 'PX', settle, 'NX')
+end
+local function holder(field)
+  local id, inc = string.match(field, '^(.*)#([^#]*)$')
+  return id, inc
+end
+local my_id, my_inc = holder(me)
+local mine = redis.call('GET', alive .. my_id) == my_inc
+local register = 0
+if not mine then register = 1 end
+local function live(field)
+  if field == me then return true end
+  local id, inc = holder(field)
+  if not id then return redis.call('EXISTS', alive .. field) == 1 end
+  return redis.call('GET', alive .. id) == inc
+end
 local avail = {}
 for i = 1, #KEYS do
-  local b = 2 + (i - 1) * 5
+  local b = 5 + (i - 1) * 5
   local kind, need, cap, rate = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   if need > cap then need = cap end
   if kind == 'r' then
@@ -46,26 +75,29 @@ for i = 1, #KEYS do
     if level < need then
       local wait = 60000
       if rate > 0 then wait = math.ceil((need - level) / rate) end
-      return {0, i, wait}
+      return {0, register, i, wait, 0}
     end
     avail[i] = level
   else
+    local left = redis.call('PTTL', settling)
+    if left > 0 then return {0, register, i, left, 1} end
+    if not mine then return {0, register, i, 1000, 2} end
     local held = redis.call('HGETALL', KEYS[i])
     local used = 0
     for j = 1, #held, 2 do
-      if held[j] ~= me and redis.call('EXISTS', alive .. held[j]) == 0 then
-        redis.call('HDEL', KEYS[i], held[j])
-      else
+      if live(held[j]) then
         used = used + tonumber(held[j + 1])
+      else
+        redis.call('HDEL', KEYS[i], held[j])
       end
     end
-    if used + need > cap then return {0, i, 1000} end
+    if used + need > cap then return {0, register, i, 1000, 0} end
     avail[i] = cap - used
   end
 end
-local out = {1}
+local out = {1, register}
 for i = 1, #KEYS do
-  local b = 2 + (i - 1) * 5
+  local b = 5 + (i - 1) * 5
   local kind, want, cap, rate = ARGV[b + 1], tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local grant = math.floor(math.min(want, avail[i]))
   local left = avail[i] - grant
@@ -86,7 +118,7 @@ return out
 
 /// Gives back what a gateway leased and did not use.
 ///
-/// KEYS: the resources. ARGV: this gateway's id, then four values per
+/// KEYS: the resources. ARGV: this process's holder field, then four values per
 /// resource: kind, amount, capacity, refill per millisecond.
 const GIVE_BACK: &str = r"
 local me = ARGV[1]
@@ -149,7 +181,32 @@ pub enum Leased {
     /// Per ask, in order: granted units and what the resource has left.
     Granted(Vec<(u64, u64)>),
     /// Ask number `index` is short; it could pass in `wait_ms`.
-    Short { index: usize, wait_ms: u64 },
+    Short {
+        index: usize,
+        wait_ms: u64,
+        why: Short,
+    },
+}
+
+/// Why a lease was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Short {
+    /// The resource has too little left.
+    Limit,
+    /// Redis lost everything lately: no capacity is leased until every
+    /// gateway registered what it holds.
+    Settling,
+    /// Redis does not hold this gateway's liveness: no capacity until its
+    /// heartbeat registers it.
+    Unregistered,
+}
+
+/// A lease call's answer, and whether Redis does not hold this gateway's
+/// liveness (what it holds must be registered again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseReply {
+    pub leased: Leased,
+    pub register: bool,
 }
 
 /// The limiter's scripts.
@@ -173,12 +230,15 @@ impl Scripts {
     pub async fn lease(
         &self,
         conn: &mut redis::aio::ConnectionManager,
-        gateway_id: &str,
-        alive_prefix: &str,
+        cluster: &crate::cluster::Cluster,
         asks: &[Ask],
-    ) -> Result<Leased, redis::RedisError> {
+    ) -> Result<LeaseReply, redis::RedisError> {
         let mut call = self.lease.prepare_invoke();
-        call.arg(gateway_id).arg(alive_prefix);
+        call.arg(cluster.holder())
+            .arg(cluster.alive_key(""))
+            .arg(cluster.epoch_key())
+            .arg(cluster.settling_key())
+            .arg(crate::cluster::SETTLE.as_millis() as u64);
         for a in asks {
             let (kind, capacity, per_ms) = a.kind.args();
             call.key(&a.key)
@@ -190,32 +250,41 @@ impl Scripts {
         }
         let reply: Vec<i64> = call.invoke_async(conn).await?;
         let num = |i: usize| reply.get(i).copied().unwrap_or(0).max(0) as u64;
-        if reply.first() == Some(&1) {
-            Ok(Leased::Granted(
+        let leased = if reply.first() == Some(&1) {
+            Leased::Granted(
                 (0..asks.len())
-                    .map(|i| (num(1 + 2 * i), num(2 + 2 * i)))
+                    .map(|i| (num(2 + 2 * i), num(3 + 2 * i)))
                     .collect(),
-            ))
+            )
         } else {
-            Ok(Leased::Short {
-                index: (num(1) as usize).saturating_sub(1),
-                wait_ms: num(2),
-            })
-        }
+            Leased::Short {
+                index: (num(2) as usize).saturating_sub(1),
+                wait_ms: num(3),
+                why: match num(4) {
+                    1 => Short::Settling,
+                    2 => Short::Unregistered,
+                    _ => Short::Limit,
+                },
+            }
+        };
+        Ok(LeaseReply {
+            leased,
+            register: num(1) == 1,
+        })
     }
 
     /// Gives back `amount` of each resource, in one call.
     pub async fn give_back(
         &self,
         conn: &mut redis::aio::ConnectionManager,
-        gateway_id: &str,
+        holder: &str,
         returns: &[(String, Kind, u64)],
     ) -> Result<(), redis::RedisError> {
         if returns.is_empty() {
             return Ok(());
         }
         let mut call = self.give_back.prepare_invoke();
-        call.arg(gateway_id);
+        call.arg(holder);
         for (key, kind, amount) in returns {
             let (k, capacity, per_ms) = kind.args();
             call.key(key).arg(k).arg(amount).arg(capacity).arg(per_ms);
@@ -226,11 +295,12 @@ impl Scripts {
 }
 
 /// The renewal of what this gateway holds, in one pipeline: its capacity
-/// units (`register`: set to the units in use, after Redis lost them) and
+/// units under its holder field (`register`: set to the units it holds,
+/// after Redis lost them) and
 /// the per-tenant lease records (request id → estimated KV·s, start,
 /// gateway), each list expiring 15 s after its last renewal.
 pub fn renewal(
-    gateway_id: &str,
+    holder: &str,
     capacities: &[(String, u64)],
     register: bool,
     leases: &[(String, Vec<(String, String)>)],
@@ -240,13 +310,9 @@ pub fn renewal(
     for (key, units) in capacities {
         if register {
             if *units > 0 {
-                pipe.cmd("HSET")
-                    .arg(key)
-                    .arg(gateway_id)
-                    .arg(units)
-                    .ignore();
+                pipe.cmd("HSET").arg(key).arg(holder).arg(units).ignore();
             } else {
-                pipe.cmd("HDEL").arg(key).arg(gateway_id).ignore();
+                pipe.cmd("HDEL").arg(key).arg(holder).ignore();
             }
         }
         pipe.cmd("PEXPIRE").arg(key).arg(3_600_000).ignore();
