@@ -40,9 +40,27 @@ pub fn bearer_key(value: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !key.is_empty()).then_some(key)
 }
 
+/// The one value of a header that decides who pays or which answer is
+/// replayed. Two values are refused with 400 naming the header: a proxy
+/// that appends a second `Authorization` (or reads the last one) must not
+/// decide which tenant is billed.
+fn single_header<'h>(
+    headers: &'h HeaderMap,
+    name: &'static str,
+) -> Result<Option<&'h HeaderValue>, GatewayError> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(GatewayError::InvalidParam {
+            param: name.into(),
+            message: format!("the request carries more than one {name} header; send exactly one"),
+        });
+    }
+    Ok(first)
+}
+
 fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, GatewayError> {
-    let key = headers
-        .get(axum::http::header::AUTHORIZATION)
+    let key = single_header(headers, "Authorization")?
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_key)
         .ok_or(GatewayError::MissingKey)?;
@@ -448,7 +466,7 @@ fn kv_estimate(state: &AppState, model: &str, prompt: u64, out: u64) -> u64 {
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, GatewayError> {
-    let Some(value) = headers.get("idempotency-key") else {
+    let Some(value) = single_header(headers, "Idempotency-Key")? else {
         return Ok(None);
     };
     match value.to_str().map(str::trim) {

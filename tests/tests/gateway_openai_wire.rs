@@ -115,3 +115,110 @@ async fn unsupported_parameters_are_400_naming_them_and_content_parts_are_counte
         "{imaged}"
     );
 }
+
+/// What OpenAI refuses with 400 is refused here too, in its shape and
+/// naming the parameter, and never billed: an output cap of 0 (it would
+/// bill a prompt for an empty answer), `stream_options` without a stream,
+/// and a second `Authorization` or `Idempotency-Key` header (a proxy that
+/// appends one must not decide who pays or which answer is replayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_parameters_and_repeated_headers_are_400_and_never_billed() {
+    const OTHER_KEY: &str = "sk-test-openai-wire-0002";
+    let stack = TestStack::new("gwrefuse").await;
+    seed_tenant(&stack, "wire", KEY, Default::default()).await;
+    seed_tenant(&stack, "other", OTHER_KEY, Default::default()).await;
+    let (gateway, url) = start_gateway(&stack, 0).await;
+    let ingest = tests::gateway::start_ingest(&stack);
+
+    let refused = [
+        ("max_tokens", json!({"max_tokens": 0})),
+        ("max_completion_tokens", json!({"max_completion_tokens": 0})),
+        (
+            "stream_options",
+            json!({"stream_options": {"include_usage": true}}),
+        ),
+        (
+            "stream_options",
+            json!({"stream": false, "stream_options": {"include_usage": true}}),
+        ),
+    ];
+    for (param, extra) in refused {
+        let (status, body) = post(&url, &request(extra.clone())).await;
+        assert_eq!(status, 400, "{extra}: {body}");
+        assert_eq!(body["error"]["param"], param, "{extra}: {body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    }
+
+    let client = reqwest::Client::new();
+    let repeated: [(&str, [(&str, String); 2]); 3] = [
+        (
+            "Authorization",
+            [
+                ("authorization", format!("Bearer {KEY}")),
+                ("authorization", format!("Bearer {OTHER_KEY}")),
+            ],
+        ),
+        (
+            "Authorization",
+            [
+                ("authorization", format!("Bearer {OTHER_KEY}")),
+                ("authorization", "Basic dXNlcjpwYXNz".to_owned()),
+            ],
+        ),
+        (
+            "Idempotency-Key",
+            [
+                ("idempotency-key", "retry-a".to_owned()),
+                ("idempotency-key", "retry-b".to_owned()),
+            ],
+        ),
+    ];
+    for (param, headers) in repeated {
+        let mut req = client
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&request(json!({})));
+        if param != "Authorization" {
+            req = req.bearer_auth(KEY);
+        }
+        for (name, value) in &headers {
+            req = req.header(*name, value);
+        }
+        let res = req.send().await.unwrap();
+        let status = res.status().as_u16();
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(status, 400, "{headers:?}: {body}");
+        assert_eq!(body["error"]["param"], param, "{body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    }
+    // Models too: two keys are no key.
+    let res = client
+        .get(format!("{url}/v1/models"))
+        .header("authorization", format!("Bearer {KEY}"))
+        .header("authorization", format!("Bearer {OTHER_KEY}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 400);
+
+    // One request that is answered: the only one billed, to its own tenant.
+    let res = client
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&request(json!({"max_tokens": 1})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let answered = res.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let billed = tests::gateway::wait_for_log(&stack, "wire", 1, &[&gateway, &ingest]).await;
+    assert!(
+        billed.contains_key(&answered),
+        "{answered} not in {billed:?}"
+    );
+    let other: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM request_log WHERE tenant_id = 'other'")
+            .fetch_one(&stack.pool)
+            .await
+            .unwrap();
+    assert_eq!(other, 0, "a refused request was billed to the other tenant");
+}

@@ -322,12 +322,30 @@ impl ChatRequest {
 
     /// What OpenAI refuses in any request: no messages, a message without
     /// content that is not an assistant's tool calls, a `tool` message
-    /// without `tool_call_id`.
+    /// without `tool_call_id`, an output cap of 0 (it would bill a prompt
+    /// for an empty answer), `stream_options` without `stream: true`.
     pub fn invalid(&self) -> Option<Invalid> {
         if self.messages.is_empty() {
             return Some(Invalid {
                 param: "messages",
                 message: "messages must contain at least one message".into(),
+            });
+        }
+        for (param, cap) in [
+            ("max_tokens", self.max_tokens),
+            ("max_completion_tokens", self.max_completion_tokens),
+        ] {
+            if cap == Some(0) {
+                return Some(Invalid {
+                    param,
+                    message: format!("{param} must be at least 1 (got 0)"),
+                });
+            }
+        }
+        if self.stream_options.is_some() && self.stream != Some(true) {
+            return Some(Invalid {
+                param: "stream_options",
+                message: "stream_options is only allowed when stream is true".into(),
             });
         }
         self.messages.iter().enumerate().find_map(|(i, m)| {
@@ -564,6 +582,37 @@ mod tests {
         assert!(tool.invalid().unwrap().message.contains("tool_call_id"));
         let empty = parse(r#"{"model": "m", "messages": []}"#);
         assert_eq!(empty.invalid().unwrap().param, "messages");
+    }
+
+    #[test]
+    fn a_zero_output_cap_and_stream_options_without_stream_are_invalid() {
+        let with = |extra: serde_json::Value| {
+            let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            parse(&body.to_string()).invalid().map(|bad| bad.param)
+        };
+        assert_eq!(with(json!({"max_tokens": 0})), Some("max_tokens"));
+        assert_eq!(
+            with(json!({"max_completion_tokens": 0})),
+            Some("max_completion_tokens")
+        );
+        assert_eq!(with(json!({"max_tokens": 1})), None);
+        let options = json!({"include_usage": true});
+        assert_eq!(
+            with(json!({"stream_options": options})),
+            Some("stream_options")
+        );
+        assert_eq!(
+            with(json!({"stream": false, "stream_options": options})),
+            Some("stream_options")
+        );
+        assert_eq!(
+            with(json!({"stream": true, "stream_options": options})),
+            None
+        );
+        assert_eq!(with(json!({"stream": false, "stream_options": null})), None);
     }
 
     #[test]
