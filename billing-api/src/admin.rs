@@ -91,6 +91,7 @@ pub struct TokenPath {
         (status = 200, description = "the revoked token; its sessions are ended", body = crate::store::access::TokenInfo),
         (status = 403, description = "only finance administers tokens", body = crate::error::ErrorBody),
         (status = 404, description = "no such token", body = crate::error::ErrorBody),
+        (status = 409, description = "the last live finance token: issue another first (the message names how)", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]

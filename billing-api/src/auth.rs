@@ -1,11 +1,15 @@
 //! Authentication: who is calling. The JSON API takes `Authorization:
 //! Bearer <token>`; the pages take a session cookie (see [`crate::pages::session`]).
+//! A request with more than one `Authorization` header is refused (400)
+//! rather than judged by one of them: a proxy that appends a header, or
+//! reads the last one, must not decide whose access a request gets.
 //! Tokens are stored as SHA-256 hashes and resolved per request (one
 //! indexed lookup), so revocation is immediate. What a caller may do is
 //! [`crate::access`]'s business.
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
+use axum::http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
 
 use crate::access::{Principal, Role};
@@ -23,6 +27,17 @@ pub fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim_start().split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// The value of the request's one `Authorization` header (`None` without
+/// one, or with one that is not visible ASCII); more than one is an error.
+pub fn authorization(headers: &HeaderMap) -> Result<Option<&str>, BillingError> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(BillingError::RepeatedHeader("Authorization"));
+    }
+    Ok(first.and_then(|v| v.to_str().ok()))
 }
 
 /// A stored identity as a [`Principal`] (an unknown role is no identity).
@@ -53,10 +68,7 @@ impl FromRequestParts<AppState> for Principal {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let token = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
+        let token = authorization(&parts.headers)?
             .and_then(bearer_token)
             .ok_or(BillingError::Unauthenticated)?;
         resolve_token(state, token)
@@ -67,7 +79,26 @@ impl FromRequestParts<AppState> for Principal {
 
 #[cfg(test)]
 mod tests {
-    use super::bearer_token;
+    use axum::http::{header, HeaderMap, HeaderValue};
+
+    use super::{authorization, bearer_token};
+    use crate::error::BillingError;
+
+    #[test]
+    fn a_second_authorization_header_is_refused_naming_it() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(authorization(&headers).ok(), Some(None));
+        headers.append(header::AUTHORIZATION, HeaderValue::from_static("Bearer a"));
+        assert_eq!(authorization(&headers).ok(), Some(Some("Bearer a")));
+        headers.append(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic Yjpj"),
+        );
+        let err = authorization(&headers).unwrap_err();
+        assert!(matches!(err, BillingError::RepeatedHeader("Authorization")));
+        assert_eq!(err.status_code(), 400);
+        assert!(err.to_string().contains("Authorization"), "{err}");
+    }
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {

@@ -7,7 +7,8 @@
 //! Every tenant's spend is on this page, so it is not public: a scrape
 //! sends `Authorization: Bearer <BILLING_METRICS_TOKEN>` (Prometheus'
 //! `authorization:` in a scrape config); without the setting `/metrics`
-//! answers 401 to everyone.
+//! answers 401 to everyone, and a scrape with two `Authorization` headers
+//! gets 400 like any request ([`crate::auth::authorization`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -20,7 +21,7 @@ use chrono::Utc;
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
 
-use crate::auth::{bearer_token, hash_token};
+use crate::auth::{authorization, bearer_token, hash_token};
 use crate::drafts;
 use crate::error::BillingError;
 use crate::period::Month;
@@ -34,9 +35,7 @@ pub async fn metrics(
     State(state): State<AppState>,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, BillingError> {
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
+    let given = authorization(&headers)?
         .and_then(bearer_token)
         .map(hash_token);
     // Hashes compared, so the comparison's time says nothing about the token.

@@ -18,6 +18,10 @@ use serde_json::json;
 pub enum BillingError {
     #[error("missing or malformed Authorization header; send `Authorization: Bearer <token>`")]
     Unauthenticated,
+    /// A header that must be sent at most once, sent more than once: which
+    /// value counts is not for the server to guess.
+    #[error("the {0} header is sent more than once; send it once")]
+    RepeatedHeader(&'static str),
     /// Also what a team lead gets for another tenant, so ids can't be enumerated.
     #[error("not found")]
     NotFound,
@@ -62,7 +66,7 @@ impl BillingError {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::NotFound | Self::UnknownPath(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::BadRequest(_) | Self::RepeatedHeader(_) => StatusCode::BAD_REQUEST,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Forbidden | Self::CsrfMismatch => StatusCode::FORBIDDEN,
@@ -79,7 +83,7 @@ impl BillingError {
             Self::Unauthenticated => "unauthenticated",
             Self::NotFound | Self::UnknownPath(_) => "not_found",
             Self::MethodNotAllowed(_) => "method_not_allowed",
-            Self::BadRequest(_) => "bad_request",
+            Self::BadRequest(_) | Self::RepeatedHeader(_) => "bad_request",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::Forbidden => "forbidden",

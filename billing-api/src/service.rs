@@ -11,7 +11,7 @@ use clap::Args;
 use crate::error::BillingError;
 use crate::rating::PriceBook;
 use crate::state::AppState;
-use crate::{admin, auth, pages, routes, store, tenant_admin, usage};
+use crate::{admin, auth, pages, routes, store, tenant_admin, tokens, usage};
 
 #[derive(Debug, Clone, Args)]
 pub struct BillingConfig {
@@ -29,7 +29,9 @@ pub struct BillingConfig {
     #[arg(long, env = "BILLING_PRICE_BOOK_FILE")]
     pub price_book_file: Option<std::path::PathBuf>,
     /// A finance token to register at start-up (stored hashed), for a new
-    /// installation's first login and for the demo.
+    /// installation's first login and for the demo. Judged by its hash: once
+    /// revoked it stays revoked across restarts, and a new value registers
+    /// a new token (an earlier value's token stays as it was).
     #[arg(long, env = "BILLING_BOOTSTRAP_FINANCE_TOKEN")]
     pub bootstrap_finance_token: Option<String>,
     /// A tenants file (YAML, shaped like config/tenants.yaml) to upsert at
@@ -138,24 +140,26 @@ pub async fn run(
         tenant_admin::apply(&pool, &seed).await?;
         tracing::info!(tenants = seed.tenants.len(), "seeded tenants");
     }
-    let mut conn = pool.acquire().await?;
     if let Some(token) = &config.bootstrap_finance_token {
         if token.len() < 16 {
             return Err(BillingError::Config(
                 "BILLING_BOOTSTRAP_FINANCE_TOKEN must be at least 16 characters".into(),
             ));
         }
-        store::access::put_token(
-            &mut conn,
-            "bootstrap-finance",
-            &auth::hash_token(token),
-            "finance",
-            None,
-            "bootstrap",
-            None,
-        )
-        .await?;
+        match tokens::bootstrap(&pool, token).await? {
+            tokens::Bootstrap::Registered(token_id) => {
+                tracing::info!(%token_id, "registered BILLING_BOOTSTRAP_FINANCE_TOKEN")
+            }
+            tokens::Bootstrap::Live(token_id) => {
+                tracing::info!(%token_id, "BILLING_BOOTSTRAP_FINANCE_TOKEN is registered")
+            }
+            tokens::Bootstrap::Revoked(token_id) => tracing::warn!(
+                %token_id,
+                "BILLING_BOOTSTRAP_FINANCE_TOKEN was revoked and stays revoked; set a new value or unset it"
+            ),
+        }
     }
+    let mut conn = pool.acquire().await?;
     if let Some(path) = &config.price_book_file {
         let text = std::fs::read_to_string(path).map_err(|e| {
             BillingError::Config(format!("BILLING_PRICE_BOOK_FILE {}: {e}", path.display()))

@@ -2,6 +2,13 @@
 //! issue (a random token shown once, stored as its hash), list (never the
 //! token), revoke (immediately, ending the token's page sessions). Every
 //! issue and revoke is written to the audit log with who did it.
+//!
+//! Two rules keep finance from being locked out or let back in by
+//! accident. The last live finance token is not revoked (409 naming the
+//! way back, `billing-api token issue`, which needs only the database).
+//! And the start-up finance token (`BILLING_BOOTSTRAP_FINANCE_TOKEN`) is
+//! judged by its hash, never by its id ([`bootstrap`]): a token that was
+//! revoked stays revoked across restarts, and a new value is a new token.
 
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -78,7 +85,7 @@ pub async fn issue(
             )));
         }
     }
-    store::access::put_token(
+    let inserted = store::access::insert_token(
         &mut tx,
         &token_id,
         &hash_token(&token),
@@ -88,6 +95,11 @@ pub async fn issue(
         Some(&who.token_id),
     )
     .await?;
+    if !inserted {
+        return Err(BillingError::Internal(format!(
+            "a fresh token {token_id} collided with a stored one"
+        )));
+    }
     audit(&mut tx, who, "issue_token", tenant, Some(&token_id)).await?;
     tx.commit().await?;
     Ok(Issued {
@@ -107,7 +119,8 @@ pub async fn list(pool: &PgPool, who: &Principal) -> Result<Vec<TokenInfo>, Bill
     Ok(tokens)
 }
 
-/// Revokes a token and ends its sessions.
+/// Revokes a token and ends its sessions; the last live finance token is
+/// refused (409), naming how to issue another.
 pub async fn revoke(
     pool: &PgPool,
     who: &Principal,
@@ -115,6 +128,15 @@ pub async fn revoke(
 ) -> Result<TokenInfo, BillingError> {
     check(who, None, Access::AdministerTokens)?;
     let mut tx = pool.begin().await?;
+    let finance = store::access::lock_live_finance_tokens(&mut tx).await?;
+    if finance == [token_id] {
+        return Err(BillingError::Conflict(format!(
+            "token {token_id} is the last live finance token; revoking it would leave no one \
+             to administer billing. Issue another finance token first (POST /v1/tokens, or \
+             `billing-api token issue --role finance` where billing-api reaches its database), \
+             then revoke this one"
+        )));
+    }
     let info = store::access::revoke_token(&mut tx, token_id)
         .await?
         .ok_or(BillingError::NotFound)?;
@@ -128,4 +150,72 @@ pub async fn revoke(
     .await?;
     tx.commit().await?;
     Ok(info)
+}
+
+/// What [`bootstrap`] found or did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Bootstrap {
+    /// The token was new and is now a live finance token with this id.
+    Registered(String),
+    /// The token is already a live finance token with this id.
+    Live(String),
+    /// The token was revoked (this id); it stays revoked.
+    Revoked(String),
+}
+
+/// The id of the first start-up finance token; a later, different value
+/// gets an id of its own (`bootstrap-finance-<uuid>`).
+pub const BOOTSTRAP_ID: &str = "bootstrap-finance";
+
+/// Registers `token` (`BILLING_BOOTSTRAP_FINANCE_TOKEN`) as a finance token,
+/// judged by its hash: a token stored before is left as it is, live or
+/// revoked; a token stored under another role is refused (a configuration
+/// error naming the setting); a new value is a new token, beside whatever
+/// an earlier value registered (revoke that one if the value was rotated).
+/// Safe when several replicas start at once: the insert does nothing if
+/// the id or the hash is already there, and the hash is read again.
+pub async fn bootstrap(pool: &PgPool, token: &str) -> Result<Bootstrap, BillingError> {
+    let hash = hash_token(token);
+    let mut conn = pool.acquire().await?;
+    for id in [
+        BOOTSTRAP_ID.to_owned(),
+        format!("{BOOTSTRAP_ID}-{}", uuid::Uuid::now_v7().simple()),
+    ] {
+        if let Some(stored) = store::access::token_info_by_hash(&mut conn, &hash).await? {
+            return judged(stored);
+        }
+        let inserted = store::access::insert_token(
+            &mut conn,
+            &id,
+            &hash,
+            Role::Finance.as_str(),
+            None,
+            "bootstrap",
+            None,
+        )
+        .await?;
+        if inserted {
+            return Ok(Bootstrap::Registered(id));
+        }
+    }
+    // Both ids were taken: the hash was stored meanwhile (another replica).
+    match store::access::token_info_by_hash(&mut conn, &hash).await? {
+        Some(stored) => judged(stored),
+        None => Err(BillingError::Internal(
+            "BILLING_BOOTSTRAP_FINANCE_TOKEN: could not register the token".into(),
+        )),
+    }
+}
+
+fn judged(stored: TokenInfo) -> Result<Bootstrap, BillingError> {
+    if stored.role != Role::Finance.as_str() {
+        return Err(BillingError::Config(format!(
+            "BILLING_BOOTSTRAP_FINANCE_TOKEN is already the {} token {}; set a finance token of its own",
+            stored.role, stored.token_id
+        )));
+    }
+    Ok(match stored.revoked_at {
+        Some(_) => Bootstrap::Revoked(stored.token_id),
+        None => Bootstrap::Live(stored.token_id),
+    })
 }

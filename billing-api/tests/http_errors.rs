@@ -2,7 +2,9 @@
 //! database per test: every error in `{"error": {"code", "message"}}`
 //! (unknown paths, wrong methods, malformed JSON, queries and paths, wrong
 //! content types), a NUL in a path, query, JSON or price-book field refused
-//! with 400 naming it, and the `Bearer` scheme matched case-insensitively.
+//! with 400 naming it, the `Bearer` scheme matched case-insensitively, and
+//! a request with two `Authorization` headers refused (400) rather than
+//! judged by either.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
@@ -15,6 +17,8 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 const FINANCE: &str = "finance-token-http-errors-0001";
+const SUPPORT: &str = "support-token-http-errors-0001";
+const METRICS: &str = "metrics-token-http-errors-0001";
 
 struct Api {
     url: String,
@@ -30,23 +34,23 @@ async fn start(pool: PgPool) -> Api {
     .await
     .unwrap();
     let mut conn = pool.acquire().await.unwrap();
-    store::access::put_token(
-        &mut conn,
-        "finance",
-        &hash_token(FINANCE),
-        "finance",
-        None,
-        "",
-        None,
-    )
-    .await
-    .unwrap();
+    for (id, token, role) in [
+        ("finance", FINANCE, "finance"),
+        ("support", SUPPORT, "support"),
+    ] {
+        store::access::insert_token(&mut conn, id, &hash_token(token), role, None, "", None)
+            .await
+            .unwrap();
+    }
     let book = PriceBook::from_yaml(include_str!("../../config/price-book.yaml")).unwrap();
     store::price_books::put(&mut conn, &book).await.unwrap();
     drop(conn);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let state = AppState::new(pool);
+    let state = AppState {
+        metrics_token_hash: Some(hash_token(METRICS)),
+        ..AppState::new(pool)
+    };
     // Served as the binary serves it: through the shared serving layer.
     tokio::spawn(serving::serve(
         listener,
@@ -276,4 +280,60 @@ async fn the_bearer_scheme_is_case_insensitive(pool: PgPool) {
         api_error(res, StatusCode::UNAUTHORIZED).await.0,
         "unauthenticated"
     );
+}
+
+#[sqlx::test(migrator = "schema::MIGRATOR")]
+async fn two_authorization_headers_are_refused_naming_the_header(pool: PgPool) {
+    let api = start(pool).await;
+    let bearer = |t: &str| format!("Bearer {t}");
+    let basic = "Basic ZmluYW5jZTpzZWNyZXQ=".to_owned();
+    // GET /v1/tokens is finance's alone: alone, finance gets 200 and
+    // support 403; together, in either order, neither counts.
+    for (path, alone, pairs) in [
+        (
+            "/v1/tokens",
+            bearer(FINANCE),
+            vec![
+                [bearer(FINANCE), bearer(SUPPORT)],
+                [bearer(SUPPORT), bearer(FINANCE)],
+                [bearer(FINANCE), basic.clone()],
+                [basic.clone(), bearer(FINANCE)],
+            ],
+        ),
+        (
+            "/metrics",
+            bearer(METRICS),
+            vec![
+                [bearer(METRICS), bearer(FINANCE)],
+                [bearer(FINANCE), bearer(METRICS)],
+                [bearer(METRICS), basic.clone()],
+            ],
+        ),
+    ] {
+        let url = format!("{}{path}", api.url);
+        let res = api
+            .client
+            .get(&url)
+            .header("authorization", &alone)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{path} with one header");
+        for [first, second] in pairs {
+            let res = api
+                .client
+                .get(&url)
+                .header("authorization", &first)
+                .header("authorization", &second)
+                .send()
+                .await
+                .unwrap();
+            let (code, message) = api_error(res, StatusCode::BAD_REQUEST).await;
+            assert_eq!(code, "bad_request", "{path}: {first} + {second}");
+            assert!(
+                message.contains("Authorization"),
+                "{path}: {first} + {second}: {message}"
+            );
+        }
+    }
 }

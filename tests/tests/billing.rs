@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
+use std::time::Duration;
+
 use chrono::{DateTime, TimeZone, Utc};
 use reqwest::{Client, Method, StatusCode};
 use rust_decimal::Decimal;
@@ -1033,4 +1035,233 @@ async fn a_bad_time_zone_in_the_tenants_file_is_refused_naming_the_field() {
         .await
         .unwrap();
     assert_eq!(n, 0, "nothing is written when one tenant is bad");
+}
+
+/// What a token-administration call answered: the status and the JSON body.
+async fn token_call(
+    client: &Client,
+    url: &str,
+    method: Method,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut req = client
+        .request(method, format!("{url}{path}"))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+/// Stops billing-api (SIGTERM) and starts it again on the same database
+/// and port with `BILLING_BOOTSTRAP_FINANCE_TOKEN` set to `bootstrap`.
+async fn restart_billing_api(api: &mut tests::billing::BillingApi, bootstrap: &str) {
+    api.service.terminate(Duration::from_secs(10)).await;
+    api.service
+        .restart_with(&[("BILLING_BOOTSTRAP_FINANCE_TOKEN", bootstrap)])
+        .unwrap_or_else(|e| panic!("{e}"));
+    tests::process::wait_healthy(
+        &format!("{}/healthz", api.url),
+        &mut api.service,
+        Duration::from_secs(60),
+    )
+    .await;
+}
+
+/// The start-up finance token is judged by its hash across restarts: once
+/// revoked it stays revoked, and a new value of the setting is a new token
+/// beside it (registered once however often billing-api starts). The last
+/// live finance token is never revoked — the refusal names the way back,
+/// `billing-api token issue`, which works on the database alone — and two
+/// finance tokens revoking each other at once leave exactly one.
+#[tokio::test]
+async fn a_revoked_bootstrap_token_stays_revoked_and_the_last_finance_token_is_kept() {
+    const REPLACEMENT: &str = "finance-token-replacing-the-leaked-one";
+    let db = fresh_database("billing_bootstrap").await;
+    let mut api = tests::billing::start_billing_api(&db.url, FINANCE).await;
+    let client = Client::new();
+    let url = api.url.clone();
+    let revoke = |id: &str| format!("/v1/tokens/{id}/revoke");
+    let live_finance = || async {
+        let (ids,): (Vec<String>,) = sqlx::query_as(
+            "SELECT coalesce(array_agg(token_id ORDER BY token_id), '{}') FROM billing_tokens
+             WHERE role = 'finance' AND revoked_at IS NULL",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        ids
+    };
+
+    // The only finance token may not revoke itself; the refusal says how
+    // to get another.
+    let (status, body) = token_call(
+        &client,
+        &url,
+        Method::POST,
+        &revoke("bootstrap-finance"),
+        FINANCE,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "conflict");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("billing-api token issue"), "{message}");
+    assert_eq!(live_finance().await, ["bootstrap-finance"]);
+
+    // The way back: the CLI issues a finance token on the database alone.
+    let out = tokio::process::Command::new(tests::process::bin_dir().join("billing-api"))
+        .args(["token", "issue", "--role", "finance", "--label", "recovery"])
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let issued: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (second_id, second) = (
+        issued["token_id"].as_str().unwrap().to_owned(),
+        issued["token"].as_str().unwrap().to_owned(),
+    );
+
+    // With it, the bootstrap token (leaked, say) is revoked ...
+    let (status, body) = token_call(
+        &client,
+        &url,
+        Method::POST,
+        &revoke("bootstrap-finance"),
+        &second,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _) = token_call(&client, &url, Method::GET, "/v1/tokens", FINANCE, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // ... and stays revoked when billing-api starts again with the setting
+    // unchanged.
+    restart_billing_api(&mut api, FINANCE).await;
+    let (status, _) = token_call(&client, &url, Method::GET, "/v1/tokens", FINANCE, None).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "a revoked bootstrap token came back"
+    );
+    assert_eq!(live_finance().await, [second_id.as_str()]);
+    // The second token is now the last one: kept, across the restart too.
+    let (status, body) = token_call(
+        &client,
+        &url,
+        Method::POST,
+        &revoke(&second_id),
+        &second,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+
+    // A new value of the setting is a new token beside the revoked one,
+    // registered once however often billing-api starts.
+    restart_billing_api(&mut api, REPLACEMENT).await;
+    restart_billing_api(&mut api, REPLACEMENT).await;
+    let (status, tokens) =
+        token_call(&client, &url, Method::GET, "/v1/tokens", REPLACEMENT, None).await;
+    assert_eq!(status, StatusCode::OK, "{tokens}");
+    let bootstraps: Vec<&Value> = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| {
+            t["token_id"]
+                .as_str()
+                .unwrap()
+                .starts_with("bootstrap-finance")
+        })
+        .collect();
+    assert_eq!(bootstraps.len(), 2, "{tokens}");
+    let old = bootstraps
+        .iter()
+        .find(|t| t["token_id"] == "bootstrap-finance")
+        .unwrap();
+    assert!(!old["revoked_at"].is_null(), "{tokens}");
+    let (status, _) = token_call(&client, &url, Method::GET, "/v1/tokens", FINANCE, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // Two finance tokens revoking each other at once: one of them stays
+    // (the replacement is revoked first, so there are just the two).
+    let replacement = bootstraps
+        .iter()
+        .find(|t| t["token_id"] != "bootstrap-finance")
+        .unwrap()["token_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = token_call(
+        &client,
+        &url,
+        Method::POST,
+        &revoke(&replacement),
+        &second,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let mut survivor = (second_id, second);
+    for round in 0..5 {
+        let (status, issued) = token_call(
+            &client,
+            &url,
+            Method::POST,
+            "/v1/tokens",
+            &survivor.1,
+            Some(serde_json::json!({"role": "finance", "label": format!("round {round}")})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{issued}");
+        let other = (
+            issued["token_id"].as_str().unwrap().to_owned(),
+            issued["token"].as_str().unwrap().to_owned(),
+        );
+        let (revoke_other, revoke_survivor) = (revoke(&other.0), revoke(&survivor.0));
+        let (a, b) = tokio::join!(
+            token_call(
+                &client,
+                &url,
+                Method::POST,
+                &revoke_other,
+                &survivor.1,
+                None
+            ),
+            token_call(
+                &client,
+                &url,
+                Method::POST,
+                &revoke_survivor,
+                &other.1,
+                None
+            ),
+        );
+        let live = live_finance().await;
+        assert_eq!(
+            live.len(),
+            1,
+            "round {round}: {:?} and {:?} left {live:?}",
+            a.0,
+            b.0
+        );
+        survivor = if live[0] == survivor.0 {
+            survivor
+        } else {
+            other
+        };
+    }
+    drop(api);
 }

@@ -11,8 +11,10 @@ use crate::error::BillingError;
 /// A live token's identity: `(token_id, role, tenant_id)`.
 pub type TokenIdentity = (String, String, Option<String>);
 
-/// Upserts a token by id (its hash, role and tenant); un-revokes it.
-pub async fn put_token(
+/// Inserts a new token (its hash, role and tenant); `false` if its id or
+/// its hash is already stored, which is left as it is (a revoked token is
+/// never made live again).
+pub async fn insert_token(
     conn: &mut PgConnection,
     token_id: &str,
     token_hash: &[u8; 32],
@@ -20,13 +22,12 @@ pub async fn put_token(
     tenant: Option<&str>,
     label: &str,
     issued_by: Option<&str>,
-) -> Result<(), BillingError> {
-    sqlx::query(
+) -> Result<bool, BillingError> {
+    let inserted: Option<(String,)> = sqlx::query_as(
         "INSERT INTO billing_tokens (token_id, token_hash, role, tenant_id, label, issued_by)
          VALUES ($1, $2, $3, $4, $5, $6)
-         ON CONFLICT (token_id) DO UPDATE SET token_hash = EXCLUDED.token_hash,
-             role = EXCLUDED.role, tenant_id = EXCLUDED.tenant_id, label = EXCLUDED.label,
-             issued_by = EXCLUDED.issued_by, revoked_at = NULL",
+         ON CONFLICT DO NOTHING
+         RETURNING token_id",
     )
     .bind(token_id)
     .bind(token_hash.as_slice())
@@ -34,7 +35,7 @@ pub async fn put_token(
     .bind(tenant)
     .bind(label)
     .bind(issued_by)
-    .execute(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await
     .map_err(|e| match &e {
         sqlx::Error::Database(d) if d.constraint() == Some("billing_tokens_tenant_id_fkey") => {
@@ -42,7 +43,36 @@ pub async fn put_token(
         }
         _ => e.into(),
     })?;
-    Ok(())
+    Ok(inserted.is_some())
+}
+
+/// The token with this hash, live or revoked.
+pub async fn token_info_by_hash(
+    conn: &mut PgConnection,
+    token_hash: &[u8; 32],
+) -> Result<Option<TokenInfo>, BillingError> {
+    Ok(sqlx::query_as(
+        "SELECT token_id, role, tenant_id, label, issued_by, created_at, revoked_at
+         FROM billing_tokens WHERE token_hash = $1",
+    )
+    .bind(token_hash.as_slice())
+    .fetch_optional(&mut *conn)
+    .await?)
+}
+
+/// The ids of the live finance tokens, locked until the transaction ends:
+/// two revocations that would each leave the other's token as the last
+/// one are decided one after the other.
+pub async fn lock_live_finance_tokens(
+    conn: &mut PgConnection,
+) -> Result<Vec<String>, BillingError> {
+    Ok(sqlx::query_scalar(
+        "SELECT token_id FROM billing_tokens
+         WHERE role = 'finance' AND revoked_at IS NULL
+         ORDER BY token_id FOR UPDATE",
+    )
+    .fetch_all(&mut *conn)
+    .await?)
 }
 
 /// The live token with this hash.
