@@ -3,7 +3,9 @@
 //! `engine::upstream::ledger::Ledger` (each interval × GPUs split among the
 //! requests in flight by their in-flight tokens; the last one out of a busy
 //! period takes what rounding left), run as Lua scripts in Redis on
-//! Redis's own clock.
+//! Redis's own clock, in integers only: the per-weight integral in fixed
+//! point ([`SCALE`]), each member's share as whole GPU-µs plus a remainder,
+//! every value below 2^53 so Lua's doubles hold it exactly.
 //!
 //! Guarantee: over every busy period of a replica — an interval during
 //! which at least one request from any gateway is in flight on it — the
@@ -35,29 +37,87 @@ use std::fmt::Write as _;
 use crate::cluster::Cluster;
 use crate::telemetry;
 
+/// The fixed-point scale of the per-weight integral `pw`: GPU-µs × `S`
+/// per unit of weight. Redis runs Lua 5.1, whose numbers are doubles:
+/// every value the scripts keep is an integer below 2^53, so each sum,
+/// product and floor division below is exact. A product that could pass
+/// 2^53 is split (`mulq`), and the integral starts again from 0 (every
+/// member settled first) before it reaches [`REBASE_AT`].
+pub const SCALE: u64 = 1_000_000;
+/// `pw` is rebased before it reaches this (2^50).
+pub const REBASE_AT: u64 = 1 << 50;
+
 /// Shared by every script: lets time run to now.
 const ADVANCE: &str = r"
 -- Integers are written with %.0f (Lua's own tostring keeps 14 digits, and
--- Redis's clock in µs has 16); the per-weight integral with 17.
+-- Redis's clock in µs has 16). Every value is an integer below 2^53.
+local S, REBASE = __SCALE__, __REBASE__
 local function I(x) return string.format('%.0f', x) end
-local function F(x) return string.format('%.17g', x) end
+-- floor(a * b / S) and its remainder, exact for a, b < 2^53 whose
+-- product may not be: a * b = (a * bq) * S + a * br with b = bq * S + br.
+local function mulq(a, b)
+  local bq = math.floor(b / S)
+  local br = b - bq * S
+  local lo = a * br
+  local lq = math.floor(lo / S)
+  return a * bq + lq, lo - lq * S
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local r = redis.call('HMGET', K, 'last', 'w', 'pw', 'total', 'given', 'n')
 local last, w, pw, total, given, n =
   tonumber(r[1]) or now, tonumber(r[2]) or 0, tonumber(r[3]) or 0,
   tonumber(r[4]) or 0, tonumber(r[5]) or 0, tonumber(r[6]) or 0
+local function member(id)
+  local raw = redis.call('HGET', M, id)
+  if not raw then return nil end
+  local v = {}
+  for x in string.gmatch(raw, '%S+') do v[#v + 1] = x end
+  -- weight, snap (pw when last settled), owed GPU-µs, owed remainder
+  -- (GPU-µs × S, below S), gateway, joined (µs)
+  return {tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), tonumber(v[4]), v[5], tonumber(v[6])}
+end
+local function put(id, v)
+  redis.call('HSET', M, id, I(v[1]) .. ' ' .. I(v[2]) .. ' ' .. I(v[3]) .. ' ' .. I(v[4]) .. ' ' .. v[5] .. ' ' .. I(v[6]))
+end
+-- What the member owes, up to pw: v[3] and v[4] brought forward.
+local function settle(v)
+  local q, rem = mulq(v[1], pw - v[2])
+  local frac = v[4] + rem
+  local carry = math.floor(frac / S)
+  v[3] = v[3] + q + carry
+  v[4] = frac - carry * S
+  v[2] = pw
+  return v
+end
 if now > last then
   local gpu = (now - last) * gpus
   if w > 0 then
-    pw = pw + gpu / w
+    -- floor(gpu * S / w), exact: gpu = gq * w + gr.
+    local gq = math.floor(gpu / w)
+    local gr = gpu - gq * w
+    pw = pw + gq * S + math.floor(gr * S / w)
     total = total + gpu
     redis.call('HINCRBY', K, 'busy', I(gpu))
   end
   last = now
 end
+-- The integral starts again from 0 before it could lose exactness: every
+-- member settled at the old one (rare: a replica busy for days).
+if pw >= REBASE then
+  local all = redis.call('HGETALL', M)
+  for j = 1, #all, 2 do
+    local v = member(all[j])
+    if v then
+      settle(v)
+      v[2] = 0
+      put(all[j], v)
+    end
+  end
+  pw = 0
+end
 local function save()
-  redis.call('HSET', K, 'last', I(last), 'w', I(w), 'pw', F(pw), 'total', I(total), 'given', I(given), 'n', I(n))
+  redis.call('HSET', K, 'last', I(last), 'w', I(w), 'pw', I(pw), 'total', I(total), 'given', I(given), 'n', I(n))
   redis.call('EXPIRE', K, 86400)
   redis.call('EXPIRE', M, 86400)
 end
@@ -72,17 +132,6 @@ local function epoch()
                'epoch_attributed', at[2] or '0', 'epoch_reaped', at[3] or '0', 'epoch_lent', at[4] or '0')
   end
 end
-local function settle(v)
-  local mw, snap, owed = v[1], v[2], v[3]
-  return owed + mw * (pw - snap)
-end
-local function member(id)
-  local raw = redis.call('HGET', M, id)
-  if not raw then return nil end
-  local v = {}
-  for x in string.gmatch(raw, '%S+') do v[#v + 1] = x end
-  return {tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), v[4], tonumber(v[5])}
-end
 ";
 
 /// KEYS: replica hash, members hash. ARGV: gpus, weight, gateway.
@@ -94,7 +143,7 @@ local id = redis.call('HINCRBY', K, 'next', 1)
 local weight = tonumber(ARGV[2])
 w = w + weight
 n = n + 1
-redis.call('HSET', M, id, I(weight) .. ' ' .. F(pw) .. ' 0 ' .. ARGV[3] .. ' ' .. I(now))
+put(id, {weight, pw, 0, 0, ARGV[3], now})
 save()
 return id
 ";
@@ -105,9 +154,10 @@ local K, M, gpus = KEYS[1], KEYS[2], tonumber(ARGV[1])
 __ADVANCE__
 local v = member(ARGV[2])
 if not v then return 0 end
-local owed = settle(v)
+settle(v)
 local add = tonumber(ARGV[3])
-redis.call('HSET', M, ARGV[2], I(v[1] + add) .. ' ' .. F(pw) .. ' ' .. F(owed) .. ' ' .. v[4] .. ' ' .. I(v[5]))
+v[1] = v[1] + add
+put(ARGV[2], v)
 w = w + add
 save()
 return 1
@@ -127,7 +177,10 @@ local function out(id, v)
   w = w - v[1]
   n = n - 1
   redis.call('HDEL', M, id)
-  local micros = math.floor(settle(v) + 0.5)
+  settle(v)
+  -- Rounded to the nearest GPU-µs (half up).
+  local micros = v[3]
+  if v[4] * 2 >= S then micros = micros + 1 end
   if n <= 0 then
     micros = total - given
     w, pw, total, given, n = 0, 0, 0, 0, 0
@@ -156,7 +209,7 @@ if ARGV[3] and ARGV[3] ~= '' then
   local all = redis.call('HGETALL', M)
   for j = 1, #all, 2 do
     local v = member(all[j])
-    if v and redis.call('EXISTS', ARGV[3] .. v[4]) == 0 then
+    if v and redis.call('EXISTS', ARGV[3] .. v[5]) == 0 then
       redis.call('HINCRBY', K, 'reaped', I(out(all[j], v)))
     end
   end
@@ -193,7 +246,10 @@ impl std::fmt::Debug for RedisLedger {
 
 impl RedisLedger {
     pub fn new(cluster: Cluster) -> Self {
-        let script = |body: &str| Script::new(&body.replace("__ADVANCE__", ADVANCE));
+        let advance = ADVANCE
+            .replace("__SCALE__", &SCALE.to_string())
+            .replace("__REBASE__", &REBASE_AT.to_string());
+        let script = |body: &str| Script::new(&body.replace("__ADVANCE__", &advance));
         Self {
             cluster,
             scripts: Arc::new([script(JOIN), script(GROW), script(LEAVE), script(READ)]),
@@ -202,7 +258,9 @@ impl RedisLedger {
     }
 
     fn keys(&self, replica: &str) -> (String, String) {
-        let k = self.cluster.key(&format!("ledger:{replica}"));
+        // The key names the members' format (all integers), so gateways
+        // of a build that kept another format never share a ledger.
+        let k = self.cluster.key(&format!("gpu-ledger:{replica}"));
         (k.clone(), format!("{k}:members"))
     }
 
