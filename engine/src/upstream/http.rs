@@ -348,20 +348,26 @@ impl HttpUpstream {
         let started = Instant::now();
         // In flight from the moment it is sent: queueing upstream holds KV too.
         let share = self.ledger.join(prompt_tokens);
-        let shared = match &self.shared {
-            Some(ledger) => ledger
-                .join(c.replica(), c.gpus, prompt_tokens.max(1))
-                .await
-                .map(|id| SharedShare {
-                    ledger: ledger.clone(),
-                    replica: c.replica().to_owned(),
-                    gpus: c.gpus,
-                    id,
-                    pending: 0,
-                }),
-            None => None,
+        // The shared ledger's join and the request go out together: the
+        // request never waits a Redis round trip to start.
+        let join = async {
+            match &self.shared {
+                Some(ledger) => ledger
+                    .join(c.replica(), c.gpus, prompt_tokens.max(1))
+                    .await
+                    .map(|id| SharedShare {
+                        ledger: ledger.clone(),
+                        replica: c.replica().to_owned(),
+                        gpus: c.gpus,
+                        id,
+                        pending: 0,
+                        growing: None,
+                    }),
+                None => None,
+            }
         };
-        let response = match request.send().await {
+        let (shared, sent) = tokio::join!(join, request.send());
+        let response = match sent {
             Ok(response) if response.status().is_success() => response,
             failed => {
                 // Not run (refused, or not reached): out of the shared
@@ -439,19 +445,42 @@ struct SharedShare {
     gpus: u32,
     id: u64,
     pending: u64,
+    /// The last growth sent, still on its way: tokens are relayed without
+    /// waiting for Redis, and the next growth or the leave waits for it,
+    /// so the ledger sees them in order.
+    growing: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl SharedShare {
     /// Leaves the ledger without a usage event (the upstream refused it).
-    async fn refused(self) {
+    async fn refused(mut self) {
+        self.settled().await;
         let _ = self.ledger.refused(&self.replica, self.gpus, self.id).await;
     }
 
+    /// Counts `tokens` more in flight; every [`SHARED_GROW_EVERY`] tokens
+    /// one call goes to the ledger in the background.
     async fn grow(&mut self, tokens: u64) {
         self.pending += tokens;
         if self.pending >= SHARED_GROW_EVERY {
+            self.settled().await;
             let n = std::mem::take(&mut self.pending);
-            let _ = self.ledger.grow(&self.replica, self.gpus, self.id, n).await;
+            let (ledger, replica, gpus, id) = (
+                self.ledger.clone(),
+                self.replica.clone(),
+                self.gpus,
+                self.id,
+            );
+            self.growing = Some(tokio::spawn(async move {
+                let _ = ledger.grow(&replica, gpus, id, n).await;
+            }));
+        }
+    }
+
+    /// Waits for the growth still on its way, if any.
+    async fn settled(&mut self) {
+        if let Some(growing) = self.growing.take() {
+            let _ = growing.await;
         }
     }
 }
@@ -560,7 +589,8 @@ impl HttpGeneration {
     /// Leaves the shared ledger, if this request is in one: its share of
     /// the replica's time there (`None`: not in one, or it did not answer).
     async fn leave_shared(&mut self) -> Option<u64> {
-        let shared = self.shared.take()?;
+        let mut shared = self.shared.take()?;
+        shared.settled().await;
         let lent = self.lent_from.is_some();
         shared
             .ledger
