@@ -7,7 +7,8 @@
 //! `.stack/demo/`); [`backfill`] fills and finalizes the month; [`traffic`]
 //! drives the live requests; [`client`] is billing-api as the demo reads
 //! it; [`report`] prints the tables; [`pages`] the pages' URLs, with a
-//! sign-in token per role.
+//! sign-in token per role; [`services`] also the `/metrics` URLs, with the
+//! token billing-api's asks for.
 
 #![allow(clippy::print_stdout, reason = "the demo prints its report")]
 
@@ -63,6 +64,13 @@ struct Cli {
         default_value = "demo-finance-token-0001"
     )]
     finance_token: String,
+    /// The bearer token billing-api's `/metrics` asks for (the demo prints it).
+    #[arg(
+        long,
+        env = "BILLING_METRICS_TOKEN",
+        default_value = "demo-metrics-token-0001"
+    )]
+    metrics_token: String,
     /// Events in the backfilled month.
     #[arg(long, env = "DEMO_BACKFILL_EVENTS", default_value_t = 2_000_000)]
     backfill_events: u64,
@@ -118,10 +126,7 @@ async fn main() -> anyhow::Result<()> {
             "BILLING_BOOTSTRAP_FINANCE_TOKEN".into(),
             cli.finance_token.clone(),
         ),
-        (
-            "BILLING_METRICS_TOKEN".into(),
-            "demo-metrics-token-0001".into(),
-        ),
+        ("BILLING_METRICS_TOKEN".into(), cli.metrics_token.clone()),
         (
             "BILLING_PRICE_BOOK_FILE".into(),
             path("config/price-book.yaml"),
@@ -193,6 +198,8 @@ async fn main() -> anyhow::Result<()> {
         "{}",
         pages::render(&format!("http://{}", addrs.billing), &roles)
     );
+    println!();
+    print!("{}", addrs.metrics(&cli.metrics_token));
     println!();
     println!("demo: services are still running; stop them with: scripts/demo.sh stop");
     if !all_match {

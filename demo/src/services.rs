@@ -57,6 +57,22 @@ impl Addrs {
     }
 }
 
+impl Addrs {
+    /// The block the demo prints about metrics: every service's `/metrics`
+    /// URL, and the bearer token billing-api's asks for (its
+    /// `BILLING_METRICS_TOKEN`; the others ask for none).
+    pub fn metrics(&self, billing_token: &str) -> String {
+        format!(
+            "metrics (Prometheus' text format):\n\
+             \x20 http://{}/metrics  (gateway)\n\
+             \x20 http://{}/metrics  (ingest)\n\
+             \x20 http://{}/metrics  (archiver)\n\
+             \x20 http://{}/metrics  (billing-api; send `Authorization: Bearer {billing_token}`, its BILLING_METRICS_TOKEN)\n",
+            self.gateway, self.ingest_metrics, self.archive_metrics, self.billing
+        )
+    }
+}
+
 const NAMES: [&str; 4] = ["gateway", "ingest", "archiver", "billing"];
 
 /// Where the demo keeps its pid files, logs, outbox and archive.
@@ -104,5 +120,29 @@ impl RunDir {
             devstack::health::wait_http(&health, &mut service, Duration::from_secs(60)).await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Addrs;
+
+    #[test]
+    fn the_metrics_block_names_every_url_and_billing_apis_token() {
+        let addrs = Addrs {
+            gateway: "127.0.0.1:8080".into(),
+            billing: "127.0.0.1:8082".into(),
+            ingest_metrics: "127.0.0.1:9101".into(),
+            archive_metrics: "127.0.0.1:9102".into(),
+        };
+        let text = addrs.metrics("demo-metrics-token-0001");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "metrics (Prometheus' text format):");
+        assert_eq!(lines[1], "  http://127.0.0.1:8080/metrics  (gateway)");
+        assert_eq!(
+            lines[4],
+            "  http://127.0.0.1:8082/metrics  (billing-api; send `Authorization: Bearer demo-metrics-token-0001`, its BILLING_METRICS_TOKEN)"
+        );
+        assert_eq!(lines.len(), 5);
     }
 }

@@ -4,7 +4,8 @@
 //! real pipeline, finalizes it and prints the invoices billing-api holds;
 //! a second run finds the month finalized, skips the backfill and prints
 //! the same invoices, unchanged. The pages' URLs it prints come with a
-//! token per role that billing-api takes.
+//! token per role that billing-api takes, and its /metrics URL with the
+//! token that scrapes it.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -177,6 +178,27 @@ async fn the_demo_finalizes_a_backfilled_month_once_and_prints_it_unchanged_agai
         303,
         "the printed token signs in"
     );
+    // ... and every /metrics URL, with the token billing-api's asks for: a
+    // scrape with the printed token gets the cost metrics, one without 401.
+    let metrics_line = first
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{base}/metrics ")))
+        .unwrap_or_else(|| panic!("no billing-api /metrics line:\n{first}"));
+    let token = metrics_line
+        .split("Authorization: Bearer ")
+        .nth(1)
+        .and_then(|t| t.split('`').next())
+        .unwrap_or_else(|| panic!("no token on {metrics_line}"));
+    let scrape = http
+        .get(format!("{base}/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scrape.status().as_u16(), 200, "{metrics_line}");
+    assert!(scrape.text().await.unwrap().contains("gpu_seconds_total{"));
+    let anonymous = http.get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(anonymous.status().as_u16(), 401);
     for line in first.lines().filter(|l| l.starts_with("    http")) {
         assert!(
             line.trim_start().starts_with(&format!("{base}/pages/")),
