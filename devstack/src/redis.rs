@@ -130,6 +130,28 @@ impl PrivateRedis {
         self.service.kill9().await;
     }
 
+    /// `FLUSHALL`: every key gone, the server still up (as an operator's
+    /// `redis-cli FLUSHALL`).
+    pub async fn flushall(&self) -> Result<()> {
+        let addr = format!("127.0.0.1:{}", self.port);
+        let flushed = tokio::task::spawn_blocking(move || {
+            let mut stream = crate::health::connect(&addr)?;
+            stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+            stream.write_all(b"FLUSHALL\r\n").ok()?;
+            let mut buf = [0u8; 5];
+            stream.read_exact(&mut buf).ok()?;
+            (&buf == b"+OK\r\n").then_some(())
+        })
+        .await;
+        match flushed {
+            Ok(Some(())) => Ok(()),
+            _ => Err(DevstackError::Command {
+                command: format!("FLUSHALL on the private redis at 127.0.0.1:{}", self.port),
+                detail: "no +OK".into(),
+            }),
+        }
+    }
+
     /// Starts it again on the same port (empty) and waits for `PING`.
     pub async fn restart(&mut self) -> Result<()> {
         self.service.restart()?;
@@ -182,6 +204,8 @@ mod tests {
         assert!(pings(&addr));
         // A host name, as a REDIS_URL may well carry, resolves too.
         assert!(pings(&addr.replace("127.0.0.1", "localhost")));
+        redis.flushall().await.expect("FLUSHALL");
+        assert!(pings(&addr), "still up after FLUSHALL");
         redis.kill9().await;
         assert!(!pings(&addr), "killed redis still answers");
         redis.restart().await.expect("restart");
