@@ -444,3 +444,57 @@ async fn a_tenant_is_not_refused_for_global_tokens_its_own_gateway_holds() {
         assert!(refused.is_empty(), "round {round}: refused {refused:?}");
     }
 }
+
+/// Keeps Redis busy for ARGV[1] ms (scripts run alone): what is sent
+/// meanwhile waits in its socket.
+const SPIN: &str = r"
+local t = redis.call('TIME')
+local until_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1]) * 1000
+repeat t = redis.call('TIME') until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= until_us
+return 1
+";
+
+#[tokio::test]
+async fn an_admission_dropped_mid_lease_loses_nothing_redis_granted() {
+    let redis = devstack::PrivateRedis::start().await.unwrap();
+    let (p, url) = (prefix(), redis.url());
+    let connect = |id: &str| Limiter::new(None, Cluster::connect(&url, &p, id).unwrap());
+    let (a, b) = (connect("gw-a"), connect("gw-b"));
+    a.renew(true).await;
+    b.renew(true).await;
+    let c = caller(None, Some(1));
+    // The lease script is loaded (another tenant's admission), so the
+    // call below is one EVALSHA.
+    let warm = Caller {
+        tenant_id: "warm".into(),
+        ..c.clone()
+    };
+    drop(a.admit(&warm, ask(0)).await.unwrap());
+    // Redis busy for 150 ms (under the 250 ms a gateway waits for it).
+    let mut conn = redis_conn(&url).await;
+    let busy = tokio::spawn(async move {
+        redis::cmd("EVAL")
+            .arg(SPIN)
+            .arg(0)
+            .arg(150)
+            .query_async::<i64>(&mut conn)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // A client goes away while its admission's lease waits in Redis's
+    // socket: the lease still runs and grants a the tenant's one unit.
+    let mut gone = Box::pin(a.admit(&c, ask(1)));
+    assert!(futures_util::poll!(gone.as_mut()).is_pending());
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    drop(gone);
+    busy.await.unwrap().unwrap();
+    // a knows it holds that unit, unused: its renewal gives it back after
+    // a second, and b may have it.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    a.renew(false).await;
+    let on_b = b
+        .admit(&c, ask(2))
+        .await
+        .unwrap_or_else(|r| panic!("the unit a was granted never came back: {r:?}"));
+    drop(on_b);
+}

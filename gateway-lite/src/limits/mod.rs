@@ -655,37 +655,22 @@ impl Limiter {
                     }
                 }
             };
-            let Some(mut conn) = self.cluster.conn() else {
+            let Some(conn) = self.cluster.conn() else {
                 self.lock().leasing -= 1;
                 continue;
             };
-            let only: Vec<shared::Ask> = asks.iter().map(|(_, a)| a.clone()).collect();
-            crate::telemetry::redis_call("lease");
-            let leased = self.scripts.lease(&mut conn, &self.cluster, &only).await;
-            // One critical section: this lease's grants are in the holdings
-            // before it stops counting as "leasing", so an admission that
-            // Redis found short and sees no lease out can trust that the
-            // holdings it retries from are complete.
+            // The task ends only by landing (or with the runtime).
+            let Ok(leased) = self.lease_and_land(conn, &asks, &demands).await else {
+                continue;
+            };
             let landed = self.leased.notified();
             tokio::pin!(landed);
             let mut settled = None;
             let (refused, others) = {
                 let mut st = self.lock();
-                st.leasing -= 1;
-                if leased.as_ref().is_ok_and(|r| r.register) {
-                    // Redis does not hold this gateway's liveness: the
-                    // next renewal tick registers what it holds.
-                    st.register = true;
-                }
-                let refused = match leased.map(|r| r.leased) {
-                    Ok(shared::Leased::Granted(grants)) => {
-                        if st.mode == Some(Mode::Shared) {
-                            for ((i, _), (granted, left)) in asks.iter().zip(grants) {
-                                st.add_lease(&demands[*i], granted, left, Instant::now());
-                            }
-                        }
-                        None
-                    }
+                let refused = match leased {
+                    // Landed in the holdings: admitted from them next try.
+                    Ok(shared::Leased::Granted(_)) => None,
                     Ok(shared::Leased::Short {
                         index,
                         wait_ms,
@@ -735,7 +720,6 @@ impl Limiter {
                 landed.as_mut().enable();
                 (refused, st.leasing > 0)
             };
-            self.leased.notify_waiters();
             if let Some(refused) = settled {
                 return Err(refused);
             }
@@ -754,6 +738,53 @@ impl Limiter {
         // Leased several times and others of this gateway spent it first:
         // refused by the limit Redis last said was short.
         Err(short.unwrap_or_else(|| demands[0].rejected(Duration::from_millis(100))))
+    }
+
+    /// One lease call for `asks` (counted in `leasing` by the caller), in
+    /// a task of its own that lands the grants in the holdings and stops
+    /// counting the call in one critical section — so an admission that
+    /// Redis found short and sees no lease out can trust that the holdings
+    /// it retries from are complete — then wakes the admissions waiting
+    /// for a landing. An admission dropped mid-call (its client went away)
+    /// neither leaves the call counted out nor loses what Redis granted
+    /// (the renewal gives it back once unused).
+    fn lease_and_land(
+        &self,
+        mut conn: redis::aio::ConnectionManager,
+        asks: &[(usize, shared::Ask)],
+        demands: &[Demand],
+    ) -> tokio::task::JoinHandle<Result<shared::Leased, redis::RedisError>> {
+        let only: Vec<shared::Ask> = asks.iter().map(|(_, a)| a.clone()).collect();
+        let targets: Vec<Demand> = asks.iter().map(|(i, _)| demands[*i].clone()).collect();
+        let limiter = self.clone();
+        tokio::spawn(async move {
+            crate::telemetry::redis_call("lease");
+            let leased = limiter
+                .scripts
+                .lease(&mut conn, &limiter.cluster, &only)
+                .await;
+            {
+                let mut st = limiter.lock();
+                st.leasing -= 1;
+                if let Ok(reply) = &leased {
+                    if reply.register {
+                        // Redis does not hold this gateway's liveness: the
+                        // next renewal tick registers what it holds.
+                        st.register = true;
+                    }
+                    if let (shared::Leased::Granted(grants), Some(Mode::Shared)) =
+                        (&reply.leased, st.mode)
+                    {
+                        let now = Instant::now();
+                        for (d, &(granted, left)) in targets.iter().zip(grants) {
+                            st.add_lease(d, granted, left, now);
+                        }
+                    }
+                }
+            }
+            limiter.leased.notify_waiters();
+            leased.map(|reply| reply.leased)
+        })
     }
 
     fn permit(&self, st: &mut State, caller: &Caller, demands: &[Demand], ask: Ask<'_>) -> Permit {
