@@ -67,8 +67,9 @@ pub async fn list_tokens(
 #[utoipa::path(post, path = "/v1/tokens", request_body = tokens::IssueRequest,
     responses(
         (status = 200, description = "the token, shown this once", body = tokens::Issued),
-        (status = 400, description = "a bad role, or a tenant missing or not allowed for the role", body = crate::error::ErrorBody),
+        (status = 400, description = "a bad role or label, or a tenant missing or not allowed for the role", body = crate::error::ErrorBody),
         (status = 403, description = "only finance administers tokens", body = crate::error::ErrorBody),
+        (status = 404, description = "the tenant_id names no tenant", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -80,13 +81,17 @@ pub async fn issue_token(
     Ok(Json(tokens::issue(&state.pool, &who, &req).await?).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
 pub struct TokenPath {
     #[serde(deserialize_with = "crate::extract::text")]
+    /// The token's id (its `token_id` in the list).
+    // crate::params::TEXT_PATTERN: no NUL (a test holds this literal to it).
+    #[param(pattern = "^[^\\u0000]*$")]
     token_id: String,
 }
 
-#[utoipa::path(post, path = "/v1/tokens/{token_id}/revoke", params(("token_id" = String, Path)),
+#[utoipa::path(post, path = "/v1/tokens/{token_id}/revoke", params(TokenPath),
     responses(
         (status = 200, description = "the revoked token; its sessions are ended", body = crate::store::access::TokenInfo),
         (status = 403, description = "only finance administers tokens", body = crate::error::ErrorBody),

@@ -99,6 +99,27 @@ pub async fn set(
     .await
 }
 
+/// The largest budget: what `tenant_budgets.amount` (`numeric(14, 2)`) holds.
+fn max_amount() -> Decimal {
+    Decimal::new(99_999_999_999_999, 2)
+}
+
+/// A budget as the API documents it: above 0, in cents at most, below
+/// 1,000,000,000,000 (`parse_amount` also takes a leading `$` and thousands
+/// commas, as the page's form does).
+pub const AMOUNT_PATTERN: &str = "^([1-9][0-9]{0,11}(\\.[0-9]{1,2})?|0\\.(0[1-9]|[1-9][0-9]?))$";
+
+/// [`AMOUNT_PATTERN`] as the OpenAPI document gives a budget's amount.
+pub fn amount_schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .pattern(Some(AMOUNT_PATTERN))
+        .description(Some(
+            "The month's budget in the billing currency, as decimal text (money is never a JSON number here): above 0, in cents at most, below 1000000000000.",
+        ))
+        .into()
+}
+
 /// Parses a budget typed by a person (`12,500.00`), refusing anything but a
 /// positive amount in cents.
 pub fn parse_amount(text: &str) -> Result<Decimal, BillingError> {
@@ -108,10 +129,10 @@ pub fn parse_amount(text: &str) -> Result<Decimal, BillingError> {
             "budget {text:?} must be an amount such as 12500.00"
         ))
     })?;
-    if amount <= Decimal::ZERO || amount.scale() > 2 || amount > Decimal::from(1_000_000_000_000i64)
-    {
+    if amount <= Decimal::ZERO || amount.scale() > 2 || amount > max_amount() {
         return Err(BillingError::BadRequest(format!(
-            "budget {text:?} must be above 0, in cents at most"
+            "budget {text:?} must be above 0, in cents at most, and at most {}",
+            max_amount()
         )));
     }
     Ok(amount)
@@ -129,8 +150,27 @@ mod tests {
         assert_eq!(status(dec!(100), dec!(100)).level, "exceeded");
         assert_eq!(status(dec!(100), dec!(80)).share_used, dec!(0.8));
         assert!(parse_amount("12,500.00").is_ok());
-        for bad in ["-1", "0", "1.001", "abc"] {
-            assert!(parse_amount(bad).is_err(), "{bad}");
+        // What the documented pattern admits, parse_amount takes; "0" and
+        // amounts past what the column holds it refuses, and so does the
+        // pattern.
+        let pattern = regex::Regex::new(AMOUNT_PATTERN).unwrap();
+        assert_eq!(max_amount().to_string(), "999999999999.99");
+        for ok in ["1", "0.01", "0.1", "0.10", "12500.00", "999999999999.99"] {
+            assert!(pattern.is_match(ok) && parse_amount(ok).is_ok(), "{ok}");
         }
+        for bad in [
+            "0",
+            "0.0",
+            "0.00",
+            "1000000000000",
+            "1000000000000.00",
+            "1.001",
+        ] {
+            assert!(
+                !pattern.is_match(bad) && parse_amount(bad).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(!pattern.is_match("01"), "one spelling of each amount");
     }
 }

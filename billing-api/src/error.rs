@@ -25,6 +25,10 @@ pub enum BillingError {
     /// Also what a team lead gets for another tenant, so ids can't be enumerated.
     #[error("not found")]
     NotFound,
+    /// Something the request names (not in its path) does not exist; the
+    /// message names it.
+    #[error("{0}")]
+    Missing(String),
     /// A path the API does not have.
     #[error("no such path: {0}")]
     UnknownPath(String),
@@ -64,7 +68,7 @@ impl BillingError {
     pub fn status_code(&self) -> StatusCode {
         match self {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
-            Self::NotFound | Self::UnknownPath(_) => StatusCode::NOT_FOUND,
+            Self::NotFound | Self::Missing(_) | Self::UnknownPath(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BadRequest(_) | Self::RepeatedHeader(_) => StatusCode::BAD_REQUEST,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -81,7 +85,7 @@ impl BillingError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::Unauthenticated => "unauthenticated",
-            Self::NotFound | Self::UnknownPath(_) => "not_found",
+            Self::NotFound | Self::Missing(_) | Self::UnknownPath(_) => "not_found",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::BadRequest(_) | Self::RepeatedHeader(_) => "bad_request",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",

@@ -16,6 +16,7 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::error::{ErrorBody, ErrorCode, ErrorDetail};
+use crate::rating::PriceBook;
 
 struct Bearer;
 
@@ -72,7 +73,8 @@ impl CommonErrors {
     }
 }
 
-/// The reference price book as the example of `POST /v1/price-books`.
+/// The reference price book (as the object the YAML holds) as the example
+/// of `POST /v1/price-books`.
 struct PriceBookExample;
 
 impl Modify for PriceBookExample {
@@ -84,10 +86,11 @@ impl Modify for PriceBookExample {
             .and_then(|item| item.post.as_mut())
             .and_then(|op| op.request_body.as_mut())
             .and_then(|body| body.content.get_mut("application/yaml"));
+        let reference = PriceBook::from_yaml(include_str!("../../config/price-book.yaml"))
+            .ok()
+            .and_then(|book| serde_json::to_value(book).ok());
         if let Some(content) = body {
-            content.example = Some(serde_json::Value::from(include_str!(
-                "../../config/price-book.yaml"
-            )));
+            content.example = reference;
         }
     }
 }
@@ -175,6 +178,14 @@ mod tests {
         ] {
             assert!(generated.contains(path), "{path} missing");
         }
+    }
+
+    #[test]
+    fn text_parameters_refuse_nul_as_the_server_does() {
+        let doc: serde_json::Value = serde_json::from_str(&super::document()).unwrap();
+        let param = &doc["paths"]["/v1/tokens/{token_id}/revoke"]["post"]["parameters"][0];
+        assert_eq!(param["required"], true);
+        assert_eq!(param["schema"]["pattern"], crate::params::TEXT_PATTERN);
     }
 
     #[test]

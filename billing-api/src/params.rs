@@ -26,8 +26,10 @@ pub const EXAMPLE_REQUEST_ID: &str = "req_01a1e4df-4580-7a3c-9d2e-4f6a8b0c1d2e";
 
 /// A share from 0 to 1 as a decimal string.
 pub const SHARE_PATTERN: &str = "^(0(\\.[0-9]{1,9})?|1(\\.0{1,9})?)$";
-/// Some text that is not only white space.
-pub const NOT_BLANK_PATTERN: &str = "\\S";
+/// Text without NUL (Postgres refuses it in `text`).
+pub const TEXT_PATTERN: &str = "^[^\\u0000]*$";
+/// Text without NUL that is not only white space.
+pub const NOT_BLANK_PATTERN: &str = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$";
 
 fn compile(pattern: &str) -> Regex {
     #[expect(
@@ -54,6 +56,15 @@ pub fn pattern_schema(pattern: &str, description: &str, example: &str) -> RefOr<
         .pattern(Some(pattern))
         .description(Some(description))
         .examples([serde_json::Value::from(example)])
+        .into()
+}
+
+/// A string without NUL that is not only white space, described.
+pub fn not_blank_schema(description: &str) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(NOT_BLANK_PATTERN))
+        .description(Some(description))
         .into()
 }
 
@@ -201,9 +212,23 @@ mod tests {
             PERIOD_PATTERN,
             REQUEST_ID_PATTERN,
             SHARE_PATTERN,
+            TEXT_PATTERN,
             NOT_BLANK_PATTERN,
         ] {
             assert!(Regex::new(p).is_ok(), "{p}");
+        }
+    }
+
+    #[test]
+    fn text_patterns_refuse_nul_and_blank() {
+        let text = Regex::new(TEXT_PATTERN).unwrap();
+        let not_blank = Regex::new(NOT_BLANK_PATTERN).unwrap();
+        assert!(text.is_match("") && text.is_match("any text") && !text.is_match("a\0b"));
+        for ok in ["x", " wrong rate\n", "é"] {
+            assert!(not_blank.is_match(ok), "{ok:?}");
+        }
+        for bad in ["", " \t\n", "\0", "why\0"] {
+            assert!(!not_blank.is_match(bad), "{bad:?}");
         }
     }
 

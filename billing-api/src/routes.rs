@@ -94,8 +94,12 @@ pub async fn finalize_invoice(
 pub struct VoidBody {
     /// Why the invoice is voided; not blank.
     #[serde(deserialize_with = "crate::extract::text")]
-    #[schema(pattern = "\\S")]
+    #[schema(schema_with = void_reason_schema)]
     reason: String,
+}
+
+fn void_reason_schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+    crate::params::not_blank_schema("Why the invoice is voided; not blank.")
 }
 
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/invoices/{period}/void", params(("tenant" = TenantId, Path), ("period" = Month, Path)), request_body = VoidBody,
@@ -127,9 +131,10 @@ pub async fn void_invoice(
 #[schema(example = json!({"amount": "12500.00"}))]
 pub struct BudgetBody {
     /// The month's budget in the billing currency, as decimal text (money
-    /// is never a JSON number here): above 0, in cents at most.
+    /// is never a JSON number here): above 0, in cents at most, below
+    /// 1,000,000,000,000.
     #[serde(deserialize_with = "crate::extract::text")]
-    #[schema(pattern = "^[0-9][0-9,]*(\\.[0-9]{1,2})?$")]
+    #[schema(schema_with = crate::budget::amount_schema)]
     amount: String,
 }
 
@@ -370,10 +375,11 @@ pub struct LoadedBook {
 }
 
 /// Loads a price book (YAML body, of any content type; see `config/price-book.yaml`).
-#[utoipa::path(post, path = "/v1/price-books", request_body(content = String, content_type = "application/yaml", description = "a price book in YAML"),
+#[utoipa::path(post, path = "/v1/price-books", request_body(content = PriceBook, content_type = "application/yaml", description = "a price book in YAML"),
     responses(
         (status = 200, description = "loaded (replacing a book of the same version)", body = LoadedBook),
         (status = 403, description = "only finance loads price books", body = crate::error::ErrorBody),
+        (status = 409, description = "a book of another version already takes effect on that day", body = crate::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]

@@ -12,6 +12,8 @@
 
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::PartialSchema;
 
 use crate::access::{audit, check, Access, Principal, Role};
 use crate::auth::hash_token;
@@ -19,18 +21,70 @@ use crate::error::BillingError;
 use crate::params::TenantId;
 use crate::store::{self, access::TokenInfo};
 
+/// The longest label a token may have, in characters.
+pub const LABEL_MAX_CHARS: usize = 200;
+
 /// What finance asks for when issuing a token.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Deserialize)]
 pub struct IssueRequest {
     /// `finance`, `team_lead` or `support`.
     #[serde(deserialize_with = "crate::extract::text")]
     pub role: String,
     /// The tenant a team lead sees; absent for finance and support.
-    #[schema(value_type = Option<TenantId>)]
     pub tenant_id: Option<TenantId>,
     /// A label people recognise the token by (e.g. who holds it).
     #[serde(default, deserialize_with = "crate::extract::text")]
     pub label: String,
+}
+
+/// The document states what [`issue`] checks: the role is one of three, a
+/// team lead's token names its tenant and no other role's does, the label
+/// is at most [`LABEL_MAX_CHARS`] and holds no NUL. That the tenant exists
+/// it cannot state (404).
+impl utoipa::PartialSchema for IssueRequest {
+    fn schema() -> RefOr<Schema> {
+        let label = serde_json::json!({
+            "type": "string",
+            "maxLength": LABEL_MAX_CHARS,
+            "pattern": crate::params::TEXT_PATTERN,
+            "description": "A label people recognise the token by (e.g. who holds it)."
+        });
+        let schema = serde_json::json!({
+            "description": "What finance asks for when issuing a token: a team lead's token is bound to the tenant it sees, finance's and support's to none.",
+            "oneOf": [
+                {
+                    "type": "object",
+                    "required": ["role"],
+                    "properties": {
+                        "role": {"type": "string", "enum": ["finance", "support"]},
+                        "tenant_id": {"type": "null"},
+                        "label": label,
+                    }
+                },
+                {
+                    "type": "object",
+                    "required": ["role", "tenant_id"],
+                    "properties": {
+                        "role": {"type": "string", "enum": ["team_lead"]},
+                        "tenant_id": {"$ref": "#/components/schemas/TenantId"},
+                        "label": label,
+                    }
+                }
+            ],
+            "example": {"role": "team_lead", "tenant_id": crate::params::EXAMPLE_TENANT, "label": "p1 team lead"}
+        });
+        #[expect(
+            clippy::expect_used,
+            reason = "a constant schema, which the OpenAPI tests read"
+        )]
+        serde_json::from_value(schema).expect("a valid schema")
+    }
+}
+
+impl utoipa::ToSchema for IssueRequest {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((TenantId::name().into_owned(), TenantId::schema()));
+    }
 }
 
 /// A token just issued: the only time the token itself is shown.
@@ -70,17 +124,17 @@ pub async fn issue(
         }
         _ => {}
     }
-    if req.label.chars().count() > 200 {
-        return Err(BillingError::BadRequest(
-            "label: at most 200 characters".into(),
-        ));
+    if req.label.chars().count() > LABEL_MAX_CHARS {
+        return Err(BillingError::BadRequest(format!(
+            "label: at most {LABEL_MAX_CHARS} characters"
+        )));
     }
     let token = format!("mlb_{}", hex::encode(rand::random::<[u8; 24]>()));
     let token_id = format!("tok_{}", uuid::Uuid::now_v7().simple());
     let mut tx = pool.begin().await?;
     if let Some(t) = tenant {
         if store::tenants::get(&mut tx, t).await?.is_none() {
-            return Err(BillingError::BadRequest(format!(
+            return Err(BillingError::Missing(format!(
                 "tenant_id: tenant {t:?} does not exist"
             )));
         }

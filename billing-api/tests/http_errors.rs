@@ -337,3 +337,56 @@ async fn two_authorization_headers_are_refused_naming_the_header(pool: PgPool) {
         }
     }
 }
+
+/// Requests the OpenAPI document calls valid that the database would have
+/// refused with a 500: a budget past what its column holds, a second price
+/// book taking effect on a day another version already does. And a token
+/// for a tenant that does not exist is 404 naming the field.
+#[sqlx::test(migrator = "schema::MIGRATOR")]
+async fn valid_requests_the_database_would_refuse_get_4xx_naming_why(pool: PgPool) {
+    let api = start(pool).await;
+    let res = api
+        .request(Method::PUT, "/v1/tenants/acme-corp/budgets/2026-11")
+        .json(&serde_json::json!({"amount": "1000000000000"}))
+        .send()
+        .await
+        .unwrap();
+    let (code, message) = api_error(res, StatusCode::BAD_REQUEST).await;
+    assert_eq!(code, "bad_request");
+    assert!(message.contains("999999999999.99"), "{message}");
+
+    let reference = include_str!("../../config/price-book.yaml");
+    let other = reference.replacen("version: ref-2026-11", "version: other", 1);
+    let res = api
+        .request(Method::POST, "/v1/price-books")
+        .header("content-type", "application/yaml")
+        .body(other)
+        .send()
+        .await
+        .unwrap();
+    let (code, message) = api_error(res, StatusCode::CONFLICT).await;
+    assert_eq!(code, "conflict");
+    assert!(message.contains("2026-01-01"), "{message}");
+    // The same version again replaces it, as before.
+    let res = api
+        .request(Method::POST, "/v1/price-books")
+        .header("content-type", "application/yaml")
+        .body(reference)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+
+    let res = api
+        .request(Method::POST, "/v1/tokens")
+        .json(&serde_json::json!({"role": "team_lead", "tenant_id": "no-such-team"}))
+        .send()
+        .await
+        .unwrap();
+    let (code, message) = api_error(res, StatusCode::NOT_FOUND).await;
+    assert_eq!(code, "not_found");
+    assert!(
+        message.contains("tenant_id") && message.contains("no-such-team"),
+        "{message}"
+    );
+}

@@ -5,6 +5,7 @@
 pub mod lines;
 pub mod overhead;
 pub mod price_book;
+pub mod price_book_schema;
 pub mod reserved;
 
 pub use lines::{cents, rate, BillingMode, Line, LineKind, RatingError, UsageGroup};

@@ -2,6 +2,12 @@
 //! stored in Postgres. A book holds per-model token rates (per 1M tokens),
 //! per-priority GPU-hour rates, the off-peak window in a named IANA zone,
 //! and the shared-overhead pool.
+//!
+//! Every amount is read from the text of its YAML scalar, quoted or not
+//! (`rust_decimal::serde::str`), never through a float: an unquoted
+//! `0.1234567890123456789` is that number, not the nearest `f64`. What a
+//! book may hold is also stated as JSON Schema for the OpenAPI document
+//! ([`super::price_book_schema`]).
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -22,6 +28,7 @@ pub struct PriceBook {
     pub time_zone: String,
     pub token_rates: BTreeMap<String, TokenRates>,
     /// Priority ("1".."5") → price of one GPU-hour.
+    #[serde(with = "exact_map")]
     pub gpu_hour_rates: BTreeMap<String, Decimal>,
     pub off_peak: OffPeak,
     pub overhead: Overhead,
@@ -31,8 +38,11 @@ pub struct PriceBook {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokenRates {
+    #[serde(with = "rust_decimal::serde::str")]
     pub input: Decimal,
+    #[serde(with = "rust_decimal::serde::str")]
     pub cached_input: Decimal,
+    #[serde(with = "rust_decimal::serde::str")]
     pub output: Decimal,
 }
 
@@ -44,6 +54,7 @@ pub struct OffPeak {
     pub start: NaiveTime,
     #[serde(with = "hh_mm")]
     pub end: NaiveTime,
+    #[serde(with = "rust_decimal::serde::str")]
     pub discount_percent: Decimal,
 }
 
@@ -61,9 +72,17 @@ pub enum Overhead {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct OverheadSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "rust_decimal::serde::str_option"
+    )]
     fixed_per_month: Option<Decimal>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "rust_decimal::serde::str_option"
+    )]
     idle_gpu_hour_rate: Option<Decimal>,
 }
 
@@ -231,6 +250,31 @@ impl PriceBook {
     }
 }
 
+/// A map of amounts, each read from its scalar's text (see the module docs).
+mod exact_map {
+    use std::collections::BTreeMap;
+
+    use rust_decimal::Decimal;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Deserialize)]
+    struct Exact(#[serde(with = "rust_decimal::serde::str")] Decimal);
+
+    pub fn serialize<S: Serializer>(
+        m: &BTreeMap<String, Decimal>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        m.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, Decimal>, D::Error> {
+        let m = BTreeMap::<String, Exact>::deserialize(d)?;
+        Ok(m.into_iter().map(|(k, Exact(v))| (k, v)).collect())
+    }
+}
+
 mod hh_mm {
     use chrono::NaiveTime;
     use serde::{Deserialize, Deserializer, Serializer};
@@ -291,6 +335,44 @@ mod tests {
         // 00:00, 01:00 (EDT), 01:00 (EST), 02..05, 22:00, 23:00 local.
         assert_eq!(hours.len(), 9);
         assert_eq!(hours[0], from);
+    }
+
+    #[test]
+    fn unquoted_amounts_are_read_exactly_not_through_a_float() {
+        let long = "0.1234567890123456789";
+        let text = REFERENCE
+            .replacen("input: \"0.60\"", &format!("input: {long}"), 1)
+            .replacen("\"1\": \"1.00\"", &format!("\"1\": {long}"), 1)
+            .replacen(
+                "discountPercent: \"30\"",
+                "discountPercent: 30.000000000000000001",
+                1,
+            )
+            .replacen(
+                "fixedPerMonth: \"2800.00\"",
+                "fixedPerMonth: 2800.000000000000000001",
+                1,
+            );
+        let book = PriceBook::from_yaml(&text).unwrap();
+        let exact = |t: &str| Decimal::from_str(t).unwrap();
+        assert_eq!(book.token_rates["llama-3.1-70b"].input, exact(long));
+        assert_eq!(book.gpu_hour_rates["1"], exact(long));
+        assert_eq!(
+            book.off_peak.discount_percent,
+            exact("30.000000000000000001")
+        );
+        assert_eq!(
+            book.overhead,
+            Overhead::FixedPerMonth(exact("2800.000000000000000001"))
+        );
+        // Stored as JSON and read back, unchanged.
+        let json = serde_json::to_string(&book).unwrap();
+        assert_eq!(serde_json::from_str::<PriceBook>(&json).unwrap(), book);
+        // A scalar that is no decimal is still refused, naming the field.
+        let err = PriceBook::from_yaml(&REFERENCE.replacen("input: \"0.60\"", "input: true", 1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("input"), "{err}");
     }
 
     #[test]

@@ -39,7 +39,10 @@ pub async fn insert_token(
     .await
     .map_err(|e| match &e {
         sqlx::Error::Database(d) if d.constraint() == Some("billing_tokens_tenant_id_fkey") => {
-            BillingError::BadRequest(format!("tenant {:?} does not exist", tenant.unwrap_or("")))
+            BillingError::Missing(format!(
+                "tenant_id: tenant {:?} does not exist",
+                tenant.unwrap_or("")
+            ))
         }
         _ => e.into(),
     })?;

@@ -34,6 +34,15 @@ pub async fn put(conn: &mut PgConnection, book: &PriceBook) -> Result<(), Billin
     .bind(book.effective_from)
     .bind(sqlx::types::Json(book))
     .execute(&mut *conn)
-    .await?;
+    .await
+    .map_err(|e| match &e {
+        sqlx::Error::Database(d) if d.constraint() == Some("price_books_effective_from_key") => {
+            BillingError::Conflict(format!(
+                "price book {}: another version already takes effect on {}; load that version again with a new effectiveFrom, or give this one another day",
+                book.version, book.effective_from
+            ))
+        }
+        _ => e.into(),
+    })?;
     Ok(())
 }
