@@ -1265,3 +1265,37 @@ async fn a_revoked_bootstrap_token_stays_revoked_and_the_last_finance_token_is_k
     }
     drop(api);
 }
+
+/// A start-up finance token that is already another role's token stops
+/// billing-api, naming the setting, rather than turning it into finance.
+#[tokio::test]
+async fn a_bootstrap_token_of_another_role_stops_the_start_naming_the_setting() {
+    let db = fresh_database("billing_bootstrap_role").await;
+    sqlx::query(
+        "INSERT INTO billing_tokens (token_id, token_hash, role, tenant_id)
+         VALUES ('support', sha256($1::bytea), 'support', NULL)",
+    )
+    .bind(SUPPORT.as_bytes())
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let out =
+        tokio::process::Command::new(devstack::process::workspace_bin("billing-api").unwrap())
+            .env("DATABASE_URL", &db.url)
+            .env("BILLING_ADDR", "127.0.0.1:0")
+            .env("BILLING_BOOTSTRAP_FINANCE_TOKEN", SUPPORT)
+            .output()
+            .await
+            .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started: {err}");
+    for needle in ["BILLING_BOOTSTRAP_FINANCE_TOKEN", "support"] {
+        assert!(err.contains(needle), "{needle} not in: {err}");
+    }
+    let (role,): (String,) =
+        sqlx::query_as("SELECT role FROM billing_tokens WHERE token_id = 'support'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(role, "support");
+}
