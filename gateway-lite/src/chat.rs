@@ -256,7 +256,7 @@ async fn handle(
     let output_estimate = max_tokens.map_or(DEFAULT_OUTPUT_ESTIMATE, u64::from);
     let estimate = prompt_tokens + output_estimate.min(room);
     let kv_mib_seconds = kv_estimate(state, &req.model, prompt_tokens, output_estimate.min(room));
-    let mut permit = state
+    let admitted = state
         .limiter
         .admit(
             caller,
@@ -267,11 +267,17 @@ async fn handle(
                 request_id: request_id.to_string(),
             },
         )
-        .await
-        .map_err(|r| {
+        .await;
+    let mut permit = match admitted {
+        Ok(permit) => permit,
+        Err(r) => {
             telemetry::rejected(&caller.tenant_id, r.limit.as_str());
-            GatewayError::RateLimited(r)
-        })?;
+            if let Some(guard) = idempotency {
+                guard.refused().await;
+            }
+            return Err(GatewayError::RateLimited(r));
+        }
+    };
 
     let retry = idempotency.as_ref().is_some_and(|g| g.is_retry());
     state.retry_budget.admitted(retry, Instant::now());
@@ -360,6 +366,9 @@ async fn handle(
         };
         // Not admitted by the engine: no usage event, nothing charged.
         permit.settle(0, Instant::now());
+        if let Some(guard) = idempotency {
+            guard.refused().await;
+        }
         return Err(match why {
             Some(admission_queue::NotRun::Full { level, depth }) => {
                 telemetry::rejected(&caller.tenant_id, "queue_full");

@@ -19,9 +19,9 @@
 //! share of every limit — the limit divided by the number of gateways it
 //! last saw — in memory, and the heartbeat brings it back to shared mode
 //! by itself once Redis answers. The mode is on `/metrics`
-//! (`gateway_limits_mode`) and every change is logged. A call that finds
-//! its connection dropped (Redis restarted) is tried once more on a new
-//! one before Redis counts as unreachable.
+//! (`gateway_limits_mode`) and every change is logged. The first call
+//! between two heartbeats that finds its connection dropped (Redis
+//! restarted) does not count: the next call, on a new connection, tells.
 //!
 //! Redis keeps nothing on disk. `{prefix}epoch` is written by the first
 //! heartbeat and never expires, so its absence means Redis lost
@@ -91,6 +91,8 @@ struct Inner {
     /// A heartbeat of this process succeeded once: an epoch missing later
     /// means Redis lost everything, not that the cluster is new.
     known: AtomicBool,
+    /// A dropped connection was let pass since the last heartbeat.
+    dropped: AtomicBool,
     heartbeat: Script,
 }
 
@@ -138,6 +140,7 @@ impl Cluster {
                 shared: AtomicBool::new(false),
                 peers: AtomicU32::new(1),
                 known: AtomicBool::new(false),
+                dropped: AtomicBool::new(false),
                 heartbeat: Script::new(HEARTBEAT),
             }),
         }
@@ -206,8 +209,21 @@ impl Cluster {
         self.inner.conn.clone()
     }
 
-    /// A Redis call failed: local mode until a heartbeat succeeds.
+    /// A Redis call failed: local mode until a heartbeat succeeds. The
+    /// first connection Redis dropped since the last heartbeat is let
+    /// pass (Redis restarted: the next call is made on a new connection);
+    /// a second one is an outage.
     pub fn failed(&self, error: &redis::RedisError) {
+        if error.is_connection_dropped() && !self.inner.dropped.swap(true, Ordering::AcqRel) {
+            tracing::info!(%error, "Redis dropped the connection: the next call makes a new one");
+            return;
+        }
+        self.unreachable(error);
+    }
+
+    /// Redis did not answer even on a new connection (the heartbeat tries
+    /// one itself): local mode until a heartbeat succeeds.
+    pub fn unreachable(&self, error: &redis::RedisError) {
         if self.inner.shared.swap(false, Ordering::AcqRel) {
             tracing::warn!(
                 %error,
@@ -286,6 +302,7 @@ impl Cluster {
             );
         }
         self.inner.known.store(true, Ordering::Release);
+        self.inner.dropped.store(false, Ordering::Release);
         self.inner.peers.store(peers.max(1), Ordering::Relaxed);
         crate::telemetry::peers(peers.max(1));
         if !self.inner.shared.swap(true, Ordering::AcqRel) {

@@ -27,7 +27,9 @@
 //! Only a billed attempt consumes an attempt number. One refused before
 //! it ran (a limit's 429, a full queue's 503, anything before its usage
 //! event is written: [`Guard::billed`] was never called) puts the claim
-//! back as it found it — gone if it created it — so the attempt that is
+//! back as it found it — gone if it created it — before the refusal is
+//! sent ([`Guard::refused`]; a guard merely dropped does it in the
+//! background), so a retry anywhere runs at once, and the attempt that is
 //! answered is attempt 0 unless a billed attempt failed before it, and a
 //! gateway that finds no claim in Redis (flushed, restarted empty) derives
 //! the same id. A failed or cancelled attempt (billed for what it used)
@@ -544,6 +546,16 @@ impl Guard {
     /// Whether this request runs again under a claim that was there.
     pub fn is_retry(&self) -> bool {
         self.retry
+    }
+
+    /// This attempt was refused before it ran (a limit, a full queue): the
+    /// claim is put back as it was before the client is answered, so a
+    /// retry on any gateway runs at once, under this attempt's id.
+    pub async fn refused(mut self) {
+        if let Some(prior) = self.prior.take() {
+            self.keys.put_back(&self.claim, self.attempt, &prior).await;
+        }
+        // Dropped here: released on this gateway, nothing more in Redis.
     }
 
     /// This attempt's usage event is durable: it used its attempt number,

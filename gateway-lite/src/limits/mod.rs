@@ -631,7 +631,6 @@ impl Limiter {
         }
         let demands = self.demands(caller, &ask);
         let mut short = None;
-        let mut reconnected = false;
         for _ in 0..LEASE_TRIES {
             let now = at.unwrap_or_else(Instant::now);
             let mode = self.cluster.mode();
@@ -702,12 +701,8 @@ impl Limiter {
                             Some(Err(d.rejected(wait)))
                         }
                     }
-                    Err(e) if e.is_connection_dropped() && !reconnected => {
-                        // Redis restarted: the connection is made again
-                        // for the next try before Redis counts as gone.
-                        reconnected = true;
-                        None
-                    }
+                    // Local mode from the next try, unless this was the
+                    // connection a restarted Redis dropped (tried again).
                     Err(e) => {
                         self.cluster.failed(&e);
                         None
@@ -903,7 +898,7 @@ impl Limiter {
                     }
                 }
                 Err(e) => {
-                    cluster.failed(&e);
+                    cluster.unreachable(&e);
                     return;
                 }
             }
@@ -965,6 +960,9 @@ impl Limiter {
                 .give_back(&mut conn, cluster.holder(), &returns)
                 .await
             {
+                // Redis may not have taken them back: what this gateway
+                // holds is set again at the next renewal.
+                self.lock().register = true;
                 cluster.failed(&e);
                 return;
             }
