@@ -916,14 +916,23 @@ impl Limiter {
             for (res, h) in st.holdings.iter_mut() {
                 let idle = now.saturating_duration_since(h.touched) >= GIVE_BACK_AFTER;
                 // Of a rate, what is unspent after a second; of a capacity,
-                // what its requests do not use beyond one block (all of it
-                // after a second): a busy gateway never sits on the cap.
+                // down to one block beyond what its requests use once it
+                // holds two blocks more (all of it after a second unused):
+                // a busy gateway never sits on the cap, nor calls Redis for
+                // every request that ends.
                 let keep = match h.shape {
                     Shape::Rate(_) if !idle => continue,
                     Shape::Rate(_) => 0.0,
                     Shape::Capacity(_) => {
-                        let block = if idle { 0 } else { h.shape.block(peers) };
-                        (used.get(res).copied().unwrap_or(0) + block) as f64
+                        let in_use = used.get(res).copied().unwrap_or(0);
+                        let block = h.shape.block(peers);
+                        if idle {
+                            in_use as f64
+                        } else if h.units > (in_use + 2 * block) as f64 {
+                            (in_use + block) as f64
+                        } else {
+                            continue;
+                        }
                     }
                 };
                 let spare = (h.units - keep).floor();

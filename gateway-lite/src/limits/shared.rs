@@ -12,8 +12,8 @@
 //!   unspent in a lease only makes the others stricter, for a second.
 //! - a **capacity** (requests or KV·seconds in flight): a hash of holder
 //!   (`{gateway}#{incarnation}`) → units it holds. A gateway leases what
-//!   its requests need plus at most one block, and keeps at most one
-//!   block beyond what its requests use (all of it goes back after a
+//!   its requests need plus at most one block, and keeps at most two
+//!   blocks beyond what its requests use (all of it goes back after a
 //!   second unused), so a gateway that dies holds little more than it
 //!   used. A holder's units count only while its gateway's liveness key
 //!   holds its incarnation (see [`crate::cluster`]): a SIGKILLed gateway's
