@@ -17,8 +17,10 @@
 //! between concurrent requests lags by at most that many tokens.
 //!
 //! A request whose gateway died stays in the ledger until that gateway's
-//! liveness lapses (15 s); the heartbeat then removes it (its share until
-//! then is not billed to anyone, as its usage event never existed). A
+//! liveness lapses (15 s), or until it restarts under the same id (members
+//! are held by `id#incarnation`, like capacity in `limits`); the heartbeat
+//! then removes it (its share until then is not billed to anyone, as its
+//! usage event never existed). A
 //! request the upstream refused (429/503) leaves at once, its share (the
 //! moment before the refusal) counted with the reaped, not the
 //! attributed: no usage event exists for it either. While
@@ -134,7 +136,8 @@ local function epoch()
 end
 ";
 
-/// KEYS: replica hash, members hash. ARGV: gpus, weight, gateway.
+/// KEYS: replica hash, members hash. ARGV: gpus, weight, the gateway's
+/// holder (`id#incarnation`).
 const JOIN: &str = r"
 local K, M, gpus = KEYS[1], KEYS[2], tonumber(ARGV[1])
 __ADVANCE__
@@ -190,6 +193,14 @@ local function out(id, v)
   end
   return micros
 end
+-- A member's gateway is alive while its liveness key holds the member's
+-- incarnation (`id#incarnation`): a restart under the same id is a new
+-- life, and what the previous one left in flight is reaped.
+local function live(field)
+  local id, inc = string.match(field, '^(.*)#([^#]*)$')
+  if not id then return redis.call('EXISTS', ARGV[3] .. field) == 1 end
+  return redis.call('GET', ARGV[3] .. id) == inc
+end
 local result = 0
 if ARGV[2] ~= '' then
   local v = member(ARGV[2])
@@ -209,7 +220,7 @@ if ARGV[3] and ARGV[3] ~= '' then
   local all = redis.call('HGETALL', M)
   for j = 1, #all, 2 do
     local v = member(all[j])
-    if v and redis.call('EXISTS', ARGV[3] .. v[5]) == 0 then
+    if v and not live(v[5]) then
       redis.call('HINCRBY', K, 'reaped', I(out(all[j], v)))
     end
   end
@@ -368,7 +379,7 @@ impl engine::upstream::ledger::SharedLedger for RedisLedger {
             let args = [
                 gpus.to_string(),
                 weight.to_string(),
-                self.cluster.gateway_id().to_owned(),
+                self.cluster.holder().to_owned(),
             ];
             self.call(0, replica, &args).await
         }

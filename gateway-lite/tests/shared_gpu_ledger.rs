@@ -159,3 +159,33 @@ async fn a_rebase_of_the_integral_keeps_every_share() {
     // And the ledger works on after it: a fresh period splits 1:3.
     one_to_three(&ledger, &cluster, &key).await;
 }
+
+/// A gateway restarted under the same `GATEWAY_ID` is a new life: what
+/// the previous one left in flight on a replica is reaped at the next
+/// heartbeat's reap (its share counted as reaped, never billed), instead
+/// of holding a share of every later busy period for good.
+#[tokio::test]
+async fn a_restarted_gateways_previous_life_is_reaped() {
+    let (before, _, prefix) = ledger().await;
+    let key = format!("{prefix}gpu-ledger:{REPLICA}");
+    let orphan = before.join(REPLICA, GPUS, 5).await.unwrap();
+    // The same id, a new process: its first heartbeat takes the liveness key.
+    let cluster = Cluster::connect(&redis_url(), &prefix, "gw").unwrap();
+    cluster.heartbeat().await.unwrap();
+    let after = RedisLedger::new(cluster.clone());
+    let own = after.join(REPLICA, GPUS, 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    after.reap().await;
+    let mut conn = cluster.conn().unwrap();
+    let left: bool = redis::cmd("HEXISTS")
+        .arg(format!("{key}:members"))
+        .arg(orphan)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!left, "the previous life's request is still in the ledger");
+    assert!(hget(&cluster, &key, "reaped").await > 0);
+    // The new life's own request is still there, and alone now.
+    let share = after.leave(REPLICA, GPUS, own, false).await.unwrap();
+    assert!(share > 0);
+}
