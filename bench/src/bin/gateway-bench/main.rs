@@ -23,11 +23,16 @@
 //! `limits` as the third argument compares limits in memory with limits
 //! shared through Redis instead; `fairness` compares the gateway with the
 //! fairness layer off and on (`GATEWAY_QUEUE`), on a pool of 12 replicas.
+//! `deployed` measures the gateway as it is deployed (see [`deployed`]):
+//! the `gateway-lite` binary in front of the `engine` binary, with each
+//! component switched off in turn in the same run.
 //!
 //! ```sh
-//! cargo build --release -p bench --bin gateway-bench && . .stack/env &&
-//!   target/release/gateway-bench [rate] [seconds] [serving|plain|limits|fairness]
+//! cargo build --release -p bench -p gateway-lite -p engine && . .stack/env &&
+//!   target/release/gateway-bench [rate] [seconds] [serving|plain|limits|fairness|deployed]
 //! ```
+
+mod deployed;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,7 +49,8 @@ use gateway_lite::service::{app, AppState};
 use gateway_lite::tenants::{Caller, Registry};
 use serde_json::json;
 
-const KEY: &str = "sk-bench-0001";
+/// At least 16 characters, as the gateway requires of a key it loads.
+const KEY: &str = "sk-bench-0000000001";
 /// The model served in process.
 const LOCAL: &str = "llama-3.1-8b";
 /// The same model served by the engine's HTTP server, unpaced.
@@ -71,9 +77,10 @@ async fn main() -> anyhow::Result<()> {
         Some("plain") => true,
         Some("limits") => return limits(rate, secs).await,
         Some("fairness") => return fairness(rate, secs).await,
+        Some("deployed") => return deployed::run(rate, secs).await,
         Some(other) => {
             anyhow::bail!(
-                "third argument must be serving, plain, limits or fairness, got {other:?}"
+                "third argument must be serving, plain, limits, fairness or deployed, got {other:?}"
             )
         }
     };
@@ -195,7 +202,7 @@ async fn main() -> anyhow::Result<()> {
     out.extend(pacing(&client, &paced_url, &url).await);
     out.push(format!(
         "max sustained (64 closed-loop clients): {:.0} req/s",
-        max_sustained(&client, &url, secs).await?
+        max_sustained(&client, &url, LOCAL, secs).await?
     ));
     if let Some((relay, topic)) = relay {
         let _ = stop_relay.send(true);
@@ -317,7 +324,7 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
     for (name, url) in ["in-process", "shared"].iter().zip(&urls) {
         out.push(format!(
             "  max sustained, {name} (64 closed-loop clients): {:.0} req/s",
-            max_sustained(&client, url, secs).await?
+            max_sustained(&client, url, LOCAL, secs).await?
         ));
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -420,9 +427,25 @@ async fn side_by_side(
     (a, b, sent)
 }
 
-/// The highest sustained rate of `url`: 64 clients in a closed loop for
+/// The highest sustained rate of `url` for `model`: 64 clients in a closed loop for
 /// `secs`, requests per second answered 200.
-async fn max_sustained(client: &reqwest::Client, url: &str, secs: u64) -> anyhow::Result<f64> {
+async fn max_sustained(
+    client: &reqwest::Client,
+    url: &str,
+    model: &'static str,
+    secs: u64,
+) -> anyhow::Result<f64> {
+    max_sustained_as(client, url, model, false, secs).await
+}
+
+/// [`max_sustained`], the requests streamed or not.
+async fn max_sustained_as(
+    client: &reqwest::Client,
+    url: &str,
+    model: &'static str,
+    stream: bool,
+    secs: u64,
+) -> anyhow::Result<f64> {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..64u64 {
@@ -431,7 +454,7 @@ async fn max_sustained(client: &reqwest::Client, url: &str, secs: u64) -> anyhow
             let mut n = 0u64;
             let mut i = w << 32;
             while started.elapsed() < Duration::from_secs(secs) {
-                if post(&client, &url, LOCAL, false, i).await.is_ok() {
+                if post(&client, &url, model, stream, i).await.is_ok() {
                     n += 1;
                 }
                 i += 1;
