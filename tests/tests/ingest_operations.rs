@@ -493,3 +493,49 @@ async fn a_conflicts_stored_version_is_the_first_event_as_canonical_json() {
     }
     assert_eq!(open.len(), 2);
 }
+
+/// The dead letters the README names (a `` `name` dead letter ``) are named
+/// as ingest stores them: a re-run answered under an id already billed, and
+/// a message of an unknown tenant, go through ingest's transaction here, and
+/// every name the README gives a dead letter is one of the codes stored.
+#[tokio::test]
+async fn the_readme_names_dead_letters_by_the_code_ingest_stores() {
+    let fresh_db = tests::stack::fresh_database("dead_letter_names").await;
+    let pool = fresh_db.pool.clone();
+    add_tenant(&pool, "acme-corp").await;
+    let first = event("acme-corp", 1);
+    let mut rerun = first.clone();
+    rerun.completion_tokens += 3;
+    let stranger = event("nobody-knows-us", 2);
+    apply_batch(&pool, &messages(0, vec![first.to_json()])).await;
+    apply_batch(
+        &pool,
+        &messages(1, vec![rerun.to_json(), stranger.to_json()]),
+    )
+    .await;
+    let stored: Vec<(String,)> =
+        sqlx::query_as("SELECT DISTINCT reason_code FROM dead_letters ORDER BY 1")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let stored: Vec<String> = stored.into_iter().map(|(c,)| c).collect();
+    assert_eq!(stored, ["conflict", "unknown_tenant"]);
+
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let text = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    let named: Vec<&str> = text
+        .match_indices("` dead letter")
+        .filter_map(|(end, _)| text[..end].rsplit_once('`').map(|(_, name)| name))
+        .collect();
+    assert!(
+        named.contains(&"conflict"),
+        "the README names no `conflict` dead letter"
+    );
+    for name in named {
+        assert!(
+            stored.iter().any(|code| code == name),
+            "the README names a `{name}` dead letter; ingest stores {stored:?}"
+        );
+    }
+}
