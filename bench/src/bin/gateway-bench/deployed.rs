@@ -265,7 +265,9 @@ async fn healthy(url: &str, service: &mut Service) -> anyhow::Result<()> {
     )
 }
 
-async fn commands(url: &str) -> anyhow::Result<u64> {
+/// Commands the Redis at `url` has run (`total_commands_processed`;
+/// commands run inside scripts count too).
+pub async fn commands(url: &str) -> anyhow::Result<u64> {
     let info: String = redis::cmd("INFO")
         .arg("stats")
         .query_async(

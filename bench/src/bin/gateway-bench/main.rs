@@ -285,27 +285,11 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
         urls.push(format!("http://{addr}/v1/chat/completions"));
     }
     let client = reqwest::Client::new();
-    let commands = || async {
-        let info: String = redis::cmd("INFO")
-            .arg("stats")
-            .query_async(
-                &mut redis::Client::open(redis.url())?
-                    .get_multiplexed_async_connection()
-                    .await?,
-            )
-            .await?;
-        anyhow::Ok(
-            info.lines()
-                .find_map(|l| l.strip_prefix("total_commands_processed:"))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or(0),
-        )
-    };
     let mut out = vec![format!(
         "limits: fixed rate {rate} req/s for {secs} s, in-process limits vs shared through Redis \
          (private redis-server), ENGINE_SPEEDUP=0, relay off"
     )];
-    let before = commands().await?;
+    let before = deployed::commands(&redis.url()).await?;
     let (local, shared, shared_requests) = side_by_side(&client, &urls, rate, secs).await;
     out.push(line("  in-process", rate, &local));
     out.push(line("  shared    ", rate, &shared));
@@ -315,7 +299,9 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
         shared.p(0.99) - local.p(0.99)
     ));
     // Two INFO calls of ours are in the count.
-    let used = commands().await?.saturating_sub(before + 2);
+    let used = deployed::commands(&redis.url())
+        .await?
+        .saturating_sub(before + 2);
     out.push(format!(
         "  Redis commands per request (shared): {:.4} ({used} for {shared_requests} requests, \
          heartbeats and renewals included)",
