@@ -1,9 +1,9 @@
 //! One archive batch: queued request_log rows → one Parquet file per UTC
 //! hour of their request ids → one manifest transaction.
 //!
-//! Order: read up to `limit` queued rows (oldest id first), encode one file
-//! per hour, write every file, then [`manifest::commit_batch`]: the ids
-//! leave the queue and the files are listed together. A crash anywhere
+//! Order: read up to `limit` queued ids (oldest queue row first), encode one
+//! file per hour, write every file, then [`manifest::commit_batch`]: the
+//! ids leave the queue and the files are listed together. A crash anywhere
 //! before that commit leaves the rows queued (the next batch archives them
 //! again, under new names) and the files written so far as orphans, which
 //! nothing lists and gc deletes after its grace period; a crash after it
@@ -93,14 +93,13 @@ pub async fn archive_batch(
     limit: usize,
     crash_after_write: bool,
 ) -> Result<Batch, ArchiveError> {
-    let rows = queue::pending(pool, limit).await?;
-    if rows.is_empty() {
+    let queue::Pending { taken, rows } = queue::pending(pool, limit).await?;
+    if taken.is_empty() {
         return Ok(Batch {
             committed: true,
             ..Batch::default()
         });
     }
-    let ids: Vec<Uuid> = rows.iter().map(|r| r.event.request_id.as_uuid()).collect();
     let count = rows.len() as u64;
     // Encoding is CPU work: off the async workers.
     let files = tokio::task::spawn_blocking(move || {
@@ -122,7 +121,7 @@ pub async fn archive_batch(
     }
     let listed: Vec<NewFile> = files.iter().map(|(f, _)| f.clone()).collect();
     let started = Instant::now();
-    let committed = manifest::commit_batch(pool, &ids, &listed).await?;
+    let committed = manifest::commit_batch(pool, &taken, &listed).await?;
     Ok(Batch {
         rows: count,
         files: listed.len() as u64,

@@ -2,10 +2,11 @@
 //! two transactions that change it.
 //!
 //! - A batch ([`commit_batch`]): the archiver has written the files of some
-//!   queued rows; one transaction deletes exactly those ids from
-//!   `archive_queue` and lists the files. If any id is no longer queued
-//!   (another archiver committed it first) the transaction rolls back and
-//!   the files stay orphans, never read.
+//!   queued ids; one transaction takes exactly those ids off the queue
+//!   (`archive_queue_batches`: the rows taken whole are deleted, the one
+//!   taken in part loses its first ids) and lists the files. If any is no
+//!   longer queued (another archiver committed it first) the transaction
+//!   rolls back and the files stay orphans, never read.
 //! - A compaction ([`swap`]): the merged files are listed and the files they
 //!   replace retired in one transaction, provided those are all still live.
 //!
@@ -20,9 +21,10 @@ use sqlx::{PgPool, QueryBuilder};
 use uuid::Uuid;
 
 use crate::error::ArchiveError;
+use crate::queue::Taken;
 
 /// Serializes batch commits and compaction swaps (each is short), so two
-/// archivers never deadlock deleting overlapping ids from the queue.
+/// archivers never deadlock deleting overlapping rows from the queue.
 pub const MANIFEST_LOCK: i64 = 0x6d65_7465_7261_7263; // "meterarc"
 
 /// A file about to be listed.
@@ -87,24 +89,42 @@ async fn insert_files(
     Ok(ids.into_iter().map(|(id,)| id).min())
 }
 
-/// Lists a batch's files and takes its ids off the queue, in one
-/// transaction. `false`: some id was no longer queued; nothing changed.
+/// Lists a batch's files and takes its ids off the queue (the queue rows
+/// it took whole, the first ids of the one it took part of), in one
+/// transaction. `false`: some were no longer queued; nothing changed.
 pub async fn commit_batch(
     pool: &PgPool,
-    ids: &[Uuid],
+    taken: &Taken,
     files: &[NewFile],
 ) -> Result<bool, ArchiveError> {
     let mut tx = pool.begin().await?;
+    crate::queue::without_jit(&mut tx).await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MANIFEST_LOCK)
         .execute(&mut *tx)
         .await?;
-    let deleted = sqlx::query("DELETE FROM archive_queue WHERE request_id = ANY($1)")
-        .bind(ids)
+    let deleted = sqlx::query("DELETE FROM archive_queue_batches WHERE batch_id = ANY($1)")
+        .bind(&taken.whole)
         .execute(&mut *tx)
         .await?
         .rows_affected();
-    if deleted != ids.len() as u64 {
+    let cut = match taken.part {
+        None => 1,
+        // Still holding what it held when read: no one took ids of it since.
+        Some((batch_id, held, first)) => sqlx::query(
+            "UPDATE archive_queue_batches
+             SET request_ids = request_ids[$3 + 1:], first_id = request_ids[$3 + 1],
+                 ids = ids - $3
+             WHERE batch_id = $1 AND ids = $2",
+        )
+        .bind(batch_id)
+        .bind(held)
+        .bind(first)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected(),
+    };
+    if deleted != taken.whole.len() as u64 || cut != 1 {
         tx.rollback().await?;
         return Ok(false);
     }
@@ -247,10 +267,11 @@ pub async fn forget_retired(pool: &PgPool, file_ids: &[i64]) -> Result<(), Archi
     Ok(())
 }
 
-/// Rows still queued for the archive.
+/// Request rows still queued for the archive.
 pub async fn queued(pool: &PgPool) -> Result<i64, ArchiveError> {
-    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM archive_queue")
-        .fetch_one(pool)
-        .await?;
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT coalesce(sum(ids), 0)::bigint FROM archive_queue_batches")
+            .fetch_one(pool)
+            .await?;
     Ok(n)
 }

@@ -1,10 +1,21 @@
-//! Reading what waits in `archive_queue`: the request_log rows ingest
-//! committed that no live archive file holds yet, oldest id first, read
-//! from request_log in one statement per batch.
+//! Reading what waits in the archive queue: the request_log rows ingest
+//! committed that no live archive file holds yet.
+//!
+//! The queue (`archive_queue_batches`) holds one row per statement that
+//! inserted into request_log, with its ids. A batch takes the oldest queue
+//! rows' ids up to the archiver's batch size (the first ids of the last row
+//! when the batch fills inside it), then reads request_log for exactly
+//! those ids, bounded by their range so only the day partitions holding
+//! them are read. An idle poll
+//! reads the empty queue and nothing else: it never plans request_log's day
+//! partitions (~12 ms a poll over a month of them, measured on the demo).
+//! JIT is off for the archiver's statements: they are index lookups, and
+//! JIT compiled on every poll whenever a bloated queue inflated the
+//! planner's estimates.
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use usage_contract::{FinishReason, Placement, RequestId, UsageEvent, SCHEMA_V1, SCHEMA_VERSION};
 use uuid::Uuid;
 
@@ -102,18 +113,96 @@ impl LogRow {
     }
 }
 
-/// Up to `limit` queued rows, in id order.
-pub async fn pending(pool: &PgPool, limit: usize) -> Result<Vec<ArchivedRequest>, ArchiveError> {
+/// Turns JIT off for the rest of the transaction `conn` is in.
+pub(crate) async fn without_jit(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SET LOCAL jit = off").execute(conn).await?;
+    Ok(())
+}
+
+/// Which queue rows a batch took: whole rows, and the first ids of at most
+/// one more (the batch filled inside it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Taken {
+    /// Rows taken whole (`archive_queue_batches.batch_id`).
+    pub whole: Vec<i64>,
+    /// A row whose first ids were taken: its id, how many ids it held, how
+    /// many of them (the first, in id order) were taken.
+    pub part: Option<(i64, i32, i32)>,
+}
+
+impl Taken {
+    pub fn is_empty(&self) -> bool {
+        self.whole.is_empty() && self.part.is_none()
+    }
+}
+
+/// What a batch took from the queue.
+#[derive(Debug, Default)]
+pub struct Pending {
+    pub taken: Taken,
+    /// Their request_log rows, in id order.
+    pub rows: Vec<ArchivedRequest>,
+}
+
+/// The oldest `limit` queued ids (oldest queue row first, each row's ids
+/// in id order) and their request_log rows; nothing is read from
+/// request_log when the queue is empty.
+pub async fn pending(pool: &PgPool, limit: usize) -> Result<Pending, ArchiveError> {
+    let limit = i32::try_from(limit).unwrap_or(i32::MAX).max(1);
+    let mut tx = pool.begin().await?;
+    without_jit(&mut tx).await?;
+    let queued: Vec<(i64, i32, i64, Vec<Uuid>)> = sqlx::query_as(
+        "SELECT batch_id, ids, before, request_ids FROM (
+             SELECT batch_id, ids, request_ids,
+                    sum(ids) OVER (ORDER BY batch_id) - ids AS before
+             FROM archive_queue_batches) q
+         WHERE before < $1 ORDER BY batch_id",
+    )
+    .bind(i64::from(limit))
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut taken = Taken::default();
+    let mut ids: Vec<Uuid> = Vec::new();
+    for (batch_id, n, before, mut request_ids) in queued {
+        let room = i64::from(limit) - before;
+        if i64::from(n) <= room {
+            taken.whole.push(batch_id);
+        } else {
+            let first = i32::try_from(room).unwrap_or(n);
+            request_ids.truncate(first as usize);
+            taken.part = Some((batch_id, n, first));
+        }
+        ids.extend(request_ids);
+    }
+    let (Some(&first), Some(&last)) = (ids.iter().min(), ids.iter().max()) else {
+        tx.commit().await?;
+        return Ok(Pending::default());
+    };
     let rows: Vec<LogRow> = sqlx::query_as(&format!(
-        "SELECT {LOG_COLUMNS}
-         FROM (SELECT request_id FROM archive_queue ORDER BY request_id LIMIT $1) q
-         JOIN request_log r ON r.request_id = q.request_id
+        "SELECT {LOG_COLUMNS} FROM request_log r
+         WHERE r.request_id BETWEEN $1 AND $2 AND r.request_id = ANY($3)
          ORDER BY r.request_id"
     ))
-    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-    .fetch_all(pool)
+    .bind(first)
+    .bind(last)
+    .bind(&ids)
+    .fetch_all(&mut *tx)
     .await?;
-    rows.into_iter().map(LogRow::into_archived).collect()
+    tx.commit().await?;
+    if rows.len() != ids.len() {
+        // Retention drops a day only once none of its ids is queued, so a
+        // queued id always has its row.
+        return Err(ArchiveError::Row(format!(
+            "{} of the {} ids queued in archive_queue_batches {taken:?} have no request_log row",
+            ids.len() - rows.len(),
+            ids.len()
+        )));
+    }
+    let rows = rows
+        .into_iter()
+        .map(LogRow::into_archived)
+        .collect::<Result<_, _>>()?;
+    Ok(Pending { taken, rows })
 }
 
 /// The request_log row of `id`, as the archive would hold it.

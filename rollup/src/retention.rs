@@ -5,9 +5,9 @@
 //!
 //! A day the Parquet archive has not covered is never dropped (unless the
 //! deployment runs without an archiver: [`ArchiveRule::Ignore`]). The
-//! archive follows request_log itself: every row enters `archive_queue` in
-//! the statement that inserts it, and leaves it in the transaction that
-//! lists the archive file holding it. So a day is covered exactly when none
+//! archive follows request_log itself: every row enters the archive queue
+//! in the statement that inserts it (`archive_queue` lists the queued ids),
+//! and leaves it in the transaction that lists the archive file holding it. So a day is covered exactly when none
 //! of its request ids is queued, and the check and the drop happen in one
 //! transaction under the usage lock, which ingest's batches take shared: no
 //! row of the day can be inserted (and queued) between them. After the
@@ -95,7 +95,7 @@ pub async fn drop_expired(
                 }
             }
             ArchiveRule::Ignore => {
-                sqlx::query(&format!("DELETE {in_queue}"))
+                sqlx::query("SELECT archive_queue_forget_day($1)")
                     .bind(day)
                     .execute(&mut *tx)
                     .await?;

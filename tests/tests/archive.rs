@@ -771,7 +771,12 @@ async fn bad_archiver_settings_exit_non_zero_naming_the_setting() {
 
 /// Archives every queued row.
 async fn archive_all(pool: &PgPool, store: &ArchiveStore) {
-    while archive::queue::pending(pool, 1).await.unwrap().len() == 1 {
+    while !archive::queue::pending(pool, 1)
+        .await
+        .unwrap()
+        .taken
+        .is_empty()
+    {
         archive::archiver::archive_batch(pool, store, 1000, false)
             .await
             .unwrap();

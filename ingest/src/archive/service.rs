@@ -42,6 +42,7 @@ pub async fn run(
     let compact_every = Duration::from_secs(config.compact_every_secs);
     let mut last_compaction = Instant::now();
     let mut backoff = Duration::from_millis(100);
+    let mut reclaim = archive::reclaim::Reclaim::default();
     loop {
         let started = Instant::now();
         let crash = config.crash_after_write > 0 && batches + 1 == config.crash_after_write;
@@ -68,10 +69,31 @@ pub async fn run(
                         );
                     }
                 }
-                if let Ok(queued) = archive::manifest::queued(&pool).await {
+                if batch.committed {
+                    reclaim.taken(batch.rows);
+                }
+                // An empty batch read the queue empty: no count to pay for.
+                let queued = match batch.rows {
+                    0 => Ok(0),
+                    _ => archive::manifest::queued(&pool).await,
+                };
+                if let Ok(queued) = queued {
                     telemetry::record_lag(queued);
                 }
-                batch.rows as usize >= config.max_batch
+                let full = batch.rows as usize >= config.max_batch;
+                if reclaim.due(!full) {
+                    match archive::reclaim::vacuum_queue(&pool).await {
+                        Ok(took) => {
+                            reclaim.done();
+                            telemetry::record_vacuum(took);
+                        }
+                        Err(e) => {
+                            telemetry::record_error();
+                            tracing::warn!(error = %e, "vacuum of archive_queue failed; trying again after the next batch");
+                        }
+                    }
+                }
+                full
             }
             Err(e) => {
                 telemetry::record_error();

@@ -13,6 +13,7 @@ pub const ERRORS: &str = "archive_errors_total";
 pub const LOST: &str = "archive_lost_batches_total";
 pub const COMPACTIONS: &str = "archive_compactions_total";
 pub const LAG: &str = "archive_lag";
+pub const VACUUM_SECONDS: &str = "archive_queue_vacuum_seconds";
 
 /// Bucket bounds of `archive_batch_seconds` (read, encode, write and
 /// commit): a batch of 100,000 rows takes about a second. The recorder,
@@ -46,7 +47,14 @@ pub fn describe() {
         "Batches another archiver committed first (their files are orphans)"
     );
     metrics::describe_counter!(COMPACTIONS, "Hours compacted and swapped in");
-    metrics::describe_gauge!(LAG, "Rows in request_log not archived yet (archive_queue)");
+    metrics::describe_gauge!(
+        LAG,
+        "Rows in request_log not archived yet (the archive queue)"
+    );
+    metrics::describe_histogram!(
+        VACUUM_SECONDS,
+        "Time of each VACUUM of the archive queue the archiver ran (at start, after draining it)"
+    );
 }
 
 /// Exports every counter at 0 before the first batch (histograms appear
@@ -83,6 +91,10 @@ pub fn record_error() {
 
 pub fn record_compactions(n: u64) {
     counter!(COMPACTIONS).increment(n);
+}
+
+pub fn record_vacuum(took: Duration) {
+    histogram!(VACUUM_SECONDS).record(took.as_secs_f64());
 }
 
 pub fn record_lag(queued: i64) {
