@@ -120,7 +120,15 @@ pub async fn run(
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|e| BillingError::Config(format!("BILLING_ADDR {}: {e}", config.addr)))?;
-    let pool = schema::connect(&config.database_url, 8, Duration::from_secs(60)).await?;
+    // Settings are checked before the database is touched: a bad value is
+    // named whatever state the database is in.
+    if let Some(token) = &config.bootstrap_finance_token {
+        if token.len() < 16 {
+            return Err(BillingError::Config(
+                "BILLING_BOOTSTRAP_FINANCE_TOKEN must be at least 16 characters".into(),
+            ));
+        }
+    }
     let metrics_token_hash = match &config.metrics_token {
         Some(t) if t.len() < 16 => {
             return Err(BillingError::Config(
@@ -135,17 +143,13 @@ pub async fn run(
             "BILLING_SESSION_MINUTES must be above 0".into(),
         ));
     }
+    let pool = schema::connect(&config.database_url, 8, Duration::from_secs(60)).await?;
     if let Some(path) = &config.tenants_file {
         let seed = tenant_admin::load("BILLING_TENANTS_FILE", path)?;
         tenant_admin::apply(&pool, &seed).await?;
         tracing::info!(tenants = seed.tenants.len(), "seeded tenants");
     }
     if let Some(token) = &config.bootstrap_finance_token {
-        if token.len() < 16 {
-            return Err(BillingError::Config(
-                "BILLING_BOOTSTRAP_FINANCE_TOKEN must be at least 16 characters".into(),
-            ));
-        }
         match tokens::bootstrap(&pool, token).await? {
             tokens::Bootstrap::Registered(token_id) => {
                 tracing::info!(%token_id, "registered BILLING_BOOTSTRAP_FINANCE_TOKEN")
