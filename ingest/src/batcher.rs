@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use crate::batch::{split_prepared, RawMessage};
 use crate::consumer::{Feed, HighWatermarks};
 use crate::offsets::{self, ConsumerKey, Ledger};
-use crate::store::{self, Outcome, Partitions, SynchronousCommit};
+use crate::store::{self, Outcome, Partitions, Writes};
 use crate::telemetry;
 
 /// Batching limits.
@@ -34,7 +34,8 @@ use crate::telemetry;
 pub struct BatchSettings {
     pub max_batch: usize,
     pub linger: Duration,
-    pub synchronous_commit: SynchronousCommit,
+    /// How batches are written and committed.
+    pub writes: Writes,
     /// How often the stored offsets are compared with the held positions.
     pub offset_check: Duration,
 }
@@ -167,7 +168,7 @@ impl Batcher {
                         &self.key,
                         &self.owned,
                         decoded,
-                        self.settings.synchronous_commit,
+                        self.settings.writes,
                     )
                     .await
                 }

@@ -15,16 +15,17 @@
 //!   (`reports_without_lent`), and billing takes that hour's lent time from
 //!   the events.
 //! - Counted v2 events that ran on a dedicated replica add to
-//!   `dedicated_usage_hourly` by (owner, tenant, model, priority, hour).
+//!   `dedicated_usage_hourly` by (owner, tenant, model, priority, hour),
+//!   with the other hourly rollups ([`crate::hourly`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use rust_decimal::Decimal;
 use sqlx::{PgConnection, Row};
-use usage_contract::{UsageEvent, Violation};
+use usage_contract::Violation;
 
-use crate::batch::{hour_of, HourTotals, Rejected, ReportCandidate};
+use crate::batch::{Rejected, ReportCandidate};
 
 /// What a batch's reports did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -227,75 +228,6 @@ struct Dedicated {
     lent: Decimal,
     /// v1 reports, which do not say what they lent.
     without_lent: i32,
-}
-
-/// Adds counted events that ran on a dedicated replica to
-/// dedicated_usage_hourly, aggregated per key and sorted (one upsert).
-pub async fn upsert_dedicated_usage<'a>(
-    conn: &mut PgConnection,
-    events: impl IntoIterator<Item = &'a UsageEvent>,
-) -> Result<(), sqlx::Error> {
-    let mut sums: BTreeMap<(&str, &str, &str, i16, DateTime<Utc>), HourTotals> = BTreeMap::new();
-    for e in events {
-        let Some(owner) = e.placement.as_ref().and_then(|p| p.dedicated_to.as_deref()) else {
-            continue;
-        };
-        sums.entry((owner, &e.tenant_id, &e.model, e.priority, hour_of(e)))
-            .or_default()
-            .add(e);
-    }
-    if sums.is_empty() {
-        return Ok(());
-    }
-    let n = sums.len();
-    let mut owner = Vec::with_capacity(n);
-    let mut tenant = Vec::with_capacity(n);
-    let mut model = Vec::with_capacity(n);
-    let mut priority = Vec::with_capacity(n);
-    let mut hour = Vec::with_capacity(n);
-    let mut requests = Vec::with_capacity(n);
-    let mut prompt = Vec::with_capacity(n);
-    let mut cached = Vec::with_capacity(n);
-    let mut completion = Vec::with_capacity(n);
-    let mut gpu = Vec::with_capacity(n);
-    for ((o, t, m, p, h), s) in sums {
-        owner.push(o);
-        tenant.push(t);
-        model.push(m);
-        priority.push(p);
-        hour.push(h);
-        requests.push(s.requests);
-        prompt.push(s.prompt_tokens);
-        cached.push(s.cached_tokens);
-        completion.push(s.completion_tokens);
-        gpu.push(s.gpu_seconds);
-    }
-    sqlx::query(
-        "INSERT INTO dedicated_usage_hourly AS d (owner_id, tenant_id, model, priority, hour,
-             requests, prompt_tokens, cached_tokens, completion_tokens, gpu_seconds)
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::smallint[],
-             $5::timestamptz[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[],
-             $10::numeric[])
-         ON CONFLICT (owner_id, tenant_id, model, priority, hour) DO UPDATE SET
-             requests = d.requests + EXCLUDED.requests,
-             prompt_tokens = d.prompt_tokens + EXCLUDED.prompt_tokens,
-             cached_tokens = d.cached_tokens + EXCLUDED.cached_tokens,
-             completion_tokens = d.completion_tokens + EXCLUDED.completion_tokens,
-             gpu_seconds = d.gpu_seconds + EXCLUDED.gpu_seconds",
-    )
-    .bind(owner)
-    .bind(tenant)
-    .bind(model)
-    .bind(priority)
-    .bind(hour)
-    .bind(requests)
-    .bind(prompt)
-    .bind(cached)
-    .bind(completion)
-    .bind(gpu)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 fn reject(r: ReportCandidate, violation: Violation) -> Rejected {

@@ -43,6 +43,18 @@ pub struct IngestConfig {
         default_value = "on"
     )]
     pub synchronous_commit: crate::store::SynchronousCommit,
+    /// `rows`: the request rows as one composite array and one statement
+    /// for the hourly rollups; `unnest`: the earlier statements, kept to
+    /// measure against (`scripts/bench-ingest.sh --path`). Both write the
+    /// same rows and sums.
+    #[arg(
+        long,
+        env = "INGEST_WRITE_PATH",
+        value_name = "INGEST_WRITE_PATH",
+        value_enum,
+        default_value = "rows"
+    )]
+    pub write_path: crate::store::WritePath,
     /// How often, in milliseconds, the offsets stored in Postgres are
     /// compared with the positions ingest holds (also while idle); a
     /// difference makes ingest rejoin and start again from what is stored.

@@ -11,8 +11,11 @@
 //! - [`batcher`]: size/time batches, retries, fencing
 //! - [`batch`]: pure rules: decode, in-batch repeats, duplicate vs conflict, hourly sums
 //! - [`store`]: the one transaction per batch
-//! - [`request_rows`], [`hourly`]: its request_log insert, and the usage_hourly and
-//!   usage_key_hourly (per API key) upserts
+//! - [`request_rows`], [`hourly`]: its request_log insert, and one pass and
+//!   one statement for the hourly rollups (usage_hourly, usage_key_hourly per
+//!   API key, dedicated_usage_hourly) and the late hours
+//! - [`unnest_path`]: the earlier statements for both, kept for `ingest-bench`'s
+//!   before and after (`INGEST_WRITE_PATH=unnest`)
 //! - [`capacity`]: replica reports (idle and dedicated GPU time) and the
 //!   usage that ran on dedicated replicas, in the same transaction
 //! - [`offsets`]: offsets in Postgres, moved by compare-and-set
@@ -23,16 +26,17 @@
 //! - [`session`]: what ingest and the archiver share as processes (metrics
 //!   endpoint, the consumer-group session loop)
 //! - [`archive`]: the Parquet archiver process (its own binary, `archiver`):
-//!   it archives what ingest committed (request_log rows, through
-//!   `archive_queue`), with the `archive` crate
+//!   it archives what ingest committed (request_log rows, through the
+//!   archive queue), with the `archive` crate
 //!
 //! Invariants: a batch's rows, hourly deltas, dead letters and offsets commit
 //! in one transaction or not at all; usage_hourly only ever receives rows
 //! that `INSERT … ON CONFLICT DO NOTHING` actually inserted; a consumer whose
 //! stored offset moved under it writes nothing. Every request_log row
-//! enters `archive_queue` in the statement that inserts it (a trigger);
-//! the archiver lists a batch's files and takes its ids off the queue in
-//! one transaction, after the files are durably written.
+//! enters the archive queue in the statement that inserts it (a trigger:
+//! one `archive_queue_batches` row per statement); the archiver lists a
+//! batch's files and takes its queue rows off in one transaction, after the
+//! files are durably written.
 
 pub mod archive;
 pub mod batch;
@@ -50,6 +54,7 @@ pub mod service;
 pub mod session;
 pub mod store;
 pub mod telemetry;
+pub mod unnest_path;
 
 pub use config::IngestConfig;
 pub use error::IngestError;

@@ -32,7 +32,10 @@ pub async fn run(
     let batch = BatchSettings {
         max_batch: config.max_batch,
         linger: config.linger(),
-        synchronous_commit: config.synchronous_commit,
+        writes: crate::store::Writes {
+            synchronous_commit: config.synchronous_commit,
+            path: config.write_path,
+        },
         offset_check: config.offset_check(),
     };
     let settings = ConsumerSettings {

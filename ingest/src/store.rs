@@ -11,11 +11,12 @@ use usage_contract::{StoredRequest, UsageEvent, Violation};
 use uuid::Uuid;
 
 use crate::batch::{compare, Candidate, Decoded, Rejected, Verdict};
-use crate::capacity::{store_reports, upsert_dedicated_usage};
+use crate::capacity::store_reports;
 use crate::dead_letters::insert_dead_letters;
-use crate::hourly::{mark_late_hours, upsert_hourly, upsert_key_hourly};
+use crate::hourly::upsert_rollups;
 use crate::offsets::{self, ConsumerKey, Ledger};
 use crate::request_rows::{insert_request_rows, stored_rows};
+use crate::unnest_path;
 
 /// What a committed batch did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +88,26 @@ pub enum SynchronousCommit {
     Off,
 }
 
+/// How a batch's request rows and rollups are written. Both write the same
+/// rows and sums; only the statements differ.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum WritePath {
+    /// The request rows as one array of composite rows, and one pass and one
+    /// statement for the three hourly rollups and the late hours.
+    #[default]
+    Rows,
+    /// The earlier statements ([`crate::unnest_path`]), kept so that
+    /// `ingest-bench` measures before and after in one run.
+    Unnest,
+}
+
+/// How a batch is written and committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Writes {
+    pub synchronous_commit: SynchronousCommit,
+    pub path: WritePath,
+}
+
 /// Commits one batch. `expected` holds, per partition, the stored offset
 /// this consumer believes in (`None`: no row yet).
 pub async fn commit_batch(
@@ -94,16 +115,27 @@ pub async fn commit_batch(
     key: &ConsumerKey,
     expected: &BTreeMap<i32, Option<i64>>,
     decoded: Decoded,
-    synchronous_commit: SynchronousCommit,
+    writes: Writes,
 ) -> Result<Outcome, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    if synchronous_commit == SynchronousCommit::Off {
-        sqlx::query("SET LOCAL synchronous_commit = off")
-            .execute(&mut *tx)
-            .await?;
-    }
-    // Offsets first: the row locks serialize two consumers of one partition
-    // before either writes data, and a zombie fails fast.
+    let Writes {
+        synchronous_commit,
+        path,
+    } = writes;
+    let mut tx = match path {
+        // The usage lock (see [`apply`]) in the same round trip as BEGIN.
+        WritePath::Rows => pool.begin_with(begin_locked(synchronous_commit)).await?,
+        WritePath::Unnest => {
+            let mut tx = pool.begin().await?;
+            if synchronous_commit == SynchronousCommit::Off {
+                sqlx::query("SET LOCAL synchronous_commit = off")
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx
+        }
+    };
+    // Offsets before any data: the row locks serialize two consumers of one
+    // partition before either writes, and a zombie fails fast.
     let unmoved = offsets::move_all(
         &mut tx,
         Ledger::Ingest,
@@ -119,9 +151,32 @@ pub async fn commit_batch(
             fenced: unmoved.fenced,
         });
     }
-    let counts = apply(&mut tx, &key.topic, decoded).await?;
+    let lock = match path {
+        WritePath::Rows => UsageLock::Held,
+        WritePath::Unnest => UsageLock::Take,
+    };
+    let counts = write(&mut tx, &key.topic, decoded, path, lock).await?;
     tx.commit().await?;
     Ok(Outcome::Committed(counts))
+}
+
+/// The statement that opens a batch's transaction holding the usage lock
+/// shared ([`schema::USAGE_LOCK`]), as one simple query.
+fn begin_locked(synchronous_commit: SynchronousCommit) -> String {
+    let lock = schema::USAGE_LOCK;
+    match synchronous_commit {
+        SynchronousCommit::On => format!("BEGIN; SELECT pg_advisory_xact_lock_shared({lock})"),
+        SynchronousCommit::Off => format!(
+            "BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_advisory_xact_lock_shared({lock})"
+        ),
+    }
+}
+
+/// Whether a transaction holds the usage lock already or must take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UsageLock {
+    Held,
+    Take,
 }
 
 /// Writes a decoded batch inside an open transaction: request rows, hourly
@@ -131,6 +186,16 @@ pub async fn apply(
     tx: &mut Transaction<'_, Postgres>,
     topic: &str,
     decoded: Decoded,
+) -> Result<Counts, sqlx::Error> {
+    write(tx, topic, decoded, WritePath::default(), UsageLock::Take).await
+}
+
+async fn write(
+    tx: &mut Transaction<'_, Postgres>,
+    topic: &str,
+    decoded: Decoded,
+    path: WritePath,
+    lock: UsageLock,
 ) -> Result<Counts, sqlx::Error> {
     let Decoded {
         firsts,
@@ -142,20 +207,39 @@ pub async fn apply(
     let mut counts = Counts::default();
     // Shared with every other ingest transaction; rollup takes it exclusively
     // to close hours or drop partitions, so neither happens under a batch.
-    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
-        .bind(schema::USAGE_LOCK)
-        .execute(&mut **tx)
-        .await?;
+    if lock == UsageLock::Take {
+        sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+            .bind(schema::USAGE_LOCK)
+            .execute(&mut **tx)
+            .await?;
+    }
 
     // Requests from dropped days can't be deduplicated any more: keep them
-    // aside rather than risk counting a re-send twice.
-    let dropped: Option<(NaiveDate,)> =
-        sqlx::query_as("SELECT dropped_through FROM request_log_retention")
-            .fetch_optional(&mut **tx)
-            .await?;
+    // aside rather than risk counting a re-send twice. Unknown tenants are
+    // dead letters, decided against the table itself. Both read after the
+    // lock is held.
+    let tenants: Vec<&str> = firsts
+        .iter()
+        .map(|c| c.event.tenant_id.as_str())
+        .chain(
+            reports
+                .iter()
+                .filter_map(|r| r.report.dedicated_to.as_deref()),
+        )
+        .collect();
+    let (dropped, known) = match path {
+        WritePath::Rows => retention_and_tenants(tx, &tenants).await?,
+        WritePath::Unnest => {
+            let dropped: Option<(NaiveDate,)> =
+                sqlx::query_as("SELECT dropped_through FROM request_log_retention")
+                    .fetch_optional(&mut **tx)
+                    .await?;
+            (dropped.map(|(d,)| d), known_tenants(tx, &tenants).await?)
+        }
+    };
     let (firsts, repeats) = match dropped {
         None => (firsts, repeats),
-        Some((through,)) => {
+        Some(through) => {
             let expired = |c: &Candidate| c.event.request_id.day() <= through;
             let (old, firsts): (Vec<_>, Vec<_>) = firsts.into_iter().partition(expired);
             let (old_repeats, repeats): (Vec<_>, Vec<_>) = repeats.into_iter().partition(expired);
@@ -167,29 +251,14 @@ pub async fn apply(
         }
     };
 
-    // Unknown tenants are dead letters, decided against the table itself.
-    let tenants: Vec<&str> = firsts
-        .iter()
-        .map(|c| c.event.tenant_id.as_str())
-        .chain(
-            reports
-                .iter()
-                .filter_map(|r| r.report.dedicated_to.as_deref()),
-        )
-        .collect();
-    let known = known_tenants(tx, &tenants).await?;
-    let (firsts, unknown): (Vec<_>, Vec<_>) = firsts
-        .into_iter()
-        .partition(|c| known.contains(&c.event.tenant_id));
-    let (repeats, unknown_repeats): (Vec<_>, Vec<_>) = repeats
-        .into_iter()
-        .partition(|c| known.contains(&c.event.tenant_id));
+    let (firsts, unknown) = split_off(firsts, |c| known.contains(&c.event.tenant_id));
+    let (repeats, unknown_repeats) = split_off(repeats, |c| known.contains(&c.event.tenant_id));
     for c in unknown.into_iter().chain(unknown_repeats) {
         let violation = Violation::UnknownTenant(c.event.tenant_id.clone());
         rejected.push(reject(c, violation, None));
     }
 
-    let inserted = insert_request_rows(tx, &firsts).await?;
+    let inserted = insert_request_rows(tx, &firsts, path).await?;
 
     // Every id not inserted now has a stored version to compare against:
     // either a row from an earlier batch, or this batch's first occurrence.
@@ -214,9 +283,7 @@ pub async fn apply(
     let rows = stored_rows(tx, &lookup).await?;
     stored.extend(rows.into_iter().map(|(id, row)| (id, Stored::Row(row))));
 
-    let (counted, others): (Vec<_>, Vec<_>) = firsts
-        .into_iter()
-        .partition(|c| inserted.contains(&c.event.request_id.as_uuid()));
+    let (counted, others) = split_off(firsts, |c| inserted.contains(&c.event.request_id.as_uuid()));
     counts.inserted = counted.len() as u64;
     for c in others.into_iter().chain(repeats) {
         let Some(version) = stored.get(&c.event.request_id.as_uuid()) else {
@@ -236,13 +303,14 @@ pub async fn apply(
         }
     }
 
-    upsert_hourly(tx, counted.iter().map(|c| &c.event)).await?;
-    upsert_key_hourly(tx, counted.iter().map(|c| &c.event)).await?;
-    upsert_dedicated_usage(tx, counted.iter().map(|c| &c.event)).await?;
+    let events: Vec<&UsageEvent> = counted.iter().map(|c| &c.event).collect();
+    match path {
+        WritePath::Rows => upsert_rollups(tx, events.iter().copied()).await?,
+        WritePath::Unnest => unnest_path::upsert_rollups(tx, &events).await?,
+    }
     let report_counts = store_reports(tx, reports, &known, &mut rejected).await?;
     counts.reports = report_counts.inserted;
     counts.report_duplicates = report_counts.duplicates;
-    mark_late_hours(tx, counted.iter().map(|c| &c.event)).await?;
     counts.dead_lettered = insert_dead_letters(tx, topic, &rejected).await?;
     Ok(counts)
 }
@@ -296,13 +364,46 @@ fn reject(c: Candidate, violation: Violation, stored: Option<String>) -> Rejecte
     }
 }
 
+/// The day request_log is dropped through (if any) and which of `tenants`
+/// are known, in one statement.
+async fn retention_and_tenants(
+    conn: &mut PgConnection,
+    tenants: &[&str],
+) -> Result<(Option<NaiveDate>, HashSet<String>), sqlx::Error> {
+    let distinct = distinct(tenants);
+    let (dropped, known): (Option<NaiveDate>, Vec<String>) = sqlx::query_as(
+        "SELECT (SELECT dropped_through FROM request_log_retention),
+                ARRAY(SELECT tenant_id FROM tenants WHERE tenant_id = ANY($1))",
+    )
+    .bind(&distinct)
+    .fetch_one(conn)
+    .await?;
+    Ok((dropped, known.into_iter().collect()))
+}
+
+/// `items` split into those that `keep` and the rest, moving nothing when
+/// all are kept (a batch's thousands of candidates, almost always).
+fn split_off(
+    items: Vec<Candidate>,
+    keep: impl Fn(&Candidate) -> bool,
+) -> (Vec<Candidate>, Vec<Candidate>) {
+    if items.iter().all(&keep) {
+        return (items, Vec::new());
+    }
+    items.into_iter().partition(keep)
+}
+
+/// The distinct names among `tenants`.
+fn distinct<'a>(tenants: &[&'a str]) -> Vec<&'a str> {
+    let set: HashSet<&str> = tenants.iter().copied().collect();
+    set.into_iter().collect()
+}
+
 async fn known_tenants(
     conn: &mut PgConnection,
     tenants: &[&str],
 ) -> Result<HashSet<String>, sqlx::Error> {
-    let mut distinct: Vec<&str> = tenants.to_vec();
-    distinct.sort_unstable();
-    distinct.dedup();
+    let distinct = distinct(tenants);
     let rows: Vec<(String,)> =
         sqlx::query_as("SELECT tenant_id FROM tenants WHERE tenant_id = ANY($1)")
             .bind(&distinct)

@@ -8,16 +8,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
 use chrono::{DateTime, SecondsFormat, Utc};
-use devstack::Database;
 use ingest::batch::{split, Decoded, RawMessage};
 use ingest::offsets::ConsumerKey;
-use ingest::store::{commit_batch, Outcome, Partitions, SynchronousCommit};
+use ingest::store::{commit_batch, Outcome, Partitions, Writes};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use sqlx::PgPool;
 use usage_contract::UsageEvent;
 
-use crate::{bench_database, PARTITIONS};
+use crate::{Args, PARTITIONS};
 
 const COPY: &str = "COPY request_log_raw (request_id, tenant_id, api_key_id, model, \
     model_version, priority, started_at, first_token_at, finished_at, prompt_tokens, \
@@ -43,16 +42,16 @@ fn share_of(partition: i32, streams: i32) -> i32 {
 /// partitions in turn; each of `streams` connections takes its share of the
 /// partitions (as `streams` ingest processes would), decoded into batches of
 /// `max_batch` up front, and only the commits (day partitions included, as
-/// ingest does) are timed.
+/// ingest does) are timed, written as `writes` says, into `pool`'s fresh
+/// database.
 pub(crate) async fn transactions_alone(
-    db: &Database,
+    pool: &PgPool,
     topic: &str,
     events: &[UsageEvent],
-    max_batch: usize,
-    streams: i32,
-    synchronous_commit: SynchronousCommit,
+    args: &Args,
+    writes: Writes,
 ) -> Result<Duration> {
-    let pool = bench_database(db).await?;
+    let (max_batch, streams) = (args.max_batch, args.processes);
     let now = Utc::now();
     let mut shares: Vec<Vec<RawMessage>> = (0..streams).map(|_| Vec::new()).collect();
     for (i, e) in events.iter().enumerate() {
@@ -76,18 +75,18 @@ pub(crate) async fn transactions_alone(
     let started = Instant::now();
     let commits = streams
         .into_iter()
-        .map(|batches| commit_in_turn(&pool, &key, batches, synchronous_commit));
+        .map(|batches| commit_in_turn(pool, &key, batches, writes));
     futures::future::try_join_all(commits).await?;
     let took = started.elapsed();
     let (rows,): (i64,) = sqlx::query_as("SELECT count(*) FROM request_log")
-        .fetch_one(&pool)
+        .fetch_one(pool)
         .await?;
     ensure!(
         rows == events.len() as i64,
         "ceiling (c) stored {rows} rows"
     );
     // As after (b): don't leave ingest to pay for this run's checkpoint.
-    let _ = sqlx::query("CHECKPOINT").execute(&pool).await;
+    let _ = sqlx::query("CHECKPOINT").execute(pool).await;
     // Its backends are not needed while ingest is measured.
     pool.close().await;
     Ok(took)
@@ -98,7 +97,7 @@ async fn commit_in_turn(
     pool: &PgPool,
     key: &ConsumerKey,
     batches: Vec<Decoded>,
-    synchronous_commit: SynchronousCommit,
+    writes: Writes,
 ) -> Result<()> {
     // A partition not in here yet has no stored offset (`None`).
     let mut stored: BTreeMap<i32, Option<i64>> = BTreeMap::new();
@@ -108,7 +107,7 @@ async fn commit_in_turn(
         partitions
             .ensure(pool, decoded.firsts.iter().map(|c| &c.event))
             .await?;
-        match commit_batch(pool, key, &stored, decoded, synchronous_commit).await? {
+        match commit_batch(pool, key, &stored, decoded, writes).await? {
             Outcome::Committed(counts) => ensure!(
                 counts.dead_lettered == 0 && counts.duplicates == 0,
                 "ceiling (c) counted {counts:?}"

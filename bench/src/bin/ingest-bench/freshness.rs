@@ -17,15 +17,24 @@ use bench::produce::{delivered, producer, send};
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use rand::rngs::StdRng;
 use rand::Rng;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use sqlx::PgPool;
 use usage_contract::{RequestId, UsageEvent};
 use uuid::Uuid;
 
 use crate::processes::Ingests;
-use crate::{Args, FRESH_LINGER_MS};
+use crate::{Args, FRESH_LINGER_MS, PARTITIONS};
 
 pub(crate) struct Fresh {
     pub(crate) latencies_ms: Vec<f64>,
+    /// Per event, from its send (its `started_at`) to its row's insert
+    /// (`ingested_at`, before its batch commits): the broker, the consumer
+    /// and the batch's linger.
+    pub(crate) inserted_ms: Vec<f64>,
+    /// Per event, from its send to a bare consumer of the topic receiving
+    /// it, watching beside ingest: the broker alone.
+    pub(crate) broker_ms: Vec<f64>,
     /// How long the phase took, and the CPU this process used meanwhile.
     pub(crate) secs: f64,
     pub(crate) cpu_s: f64,
@@ -49,6 +58,7 @@ pub(crate) async fn freshness(
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(m as f64 / rate + 120.0);
     let poller = tokio::spawn(poll_visible(pool.clone(), since, m as i64, deadline));
+    let watcher = watch_broker(&args.kafka_brokers, topic, m, deadline)?;
     let to = Utc::now();
     let mut events =
         workload::Generator::reference(rng.random(), to - TimeDelta::hours(1), to, m as u64)?;
@@ -69,6 +79,14 @@ pub(crate) async fn freshness(
     let secs = started.elapsed().as_secs_f64();
     let cpu_s = cpu_seconds(std::process::id()).unwrap_or(f64::NAN) - cpu_before;
     let visible = batch_visibility(pool, since, &samples).await?;
+    let received = tokio::task::spawn_blocking(move || watcher.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the broker watcher panicked"))??;
+    let broker_ms = sent
+        .iter()
+        .filter_map(|(id, sent)| Some(received.get(id)?.saturating_duration_since(*sent)))
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .collect();
     let mut latencies = Vec::with_capacity(m);
     for (id, sent) in &sent {
         let Some(at) = visible.get(id) else {
@@ -76,8 +94,18 @@ pub(crate) async fn freshness(
         };
         latencies.push(at.saturating_duration_since(*sent).as_secs_f64() * 1000.0);
     }
+    // Both clocks are this machine's.
+    let inserted_ms: Vec<f64> = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM ingested_at - started_at) * 1000)::float8
+         FROM request_log WHERE request_id >= $1",
+    )
+    .bind(since)
+    .fetch_all(pool)
+    .await?;
     Ok(Fresh {
         latencies_ms: latencies,
+        inserted_ms,
+        broker_ms,
         secs,
         cpu_s,
     })
@@ -156,4 +184,40 @@ async fn poll_visible(
         let late = Instant::now() > deadline;
         ensure!(!late, "only {count} of {m} fresh events visible in time");
     }
+}
+
+/// A bare consumer of `topic` from its current end, on its own thread:
+/// when each of the next `m` events arrived, by request id.
+fn watch_broker(
+    brokers: &str,
+    topic: &str,
+    m: usize,
+    deadline: Instant,
+) -> Result<std::thread::JoinHandle<Result<HashMap<Uuid, Instant>>>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "ingest-bench-fresh-watch")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "50")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        tpl.add_partition_offset(topic, p, Offset::Offset(high))?;
+    }
+    consumer.assign(&tpl)?;
+    Ok(std::thread::spawn(move || {
+        let mut received = HashMap::with_capacity(m);
+        while received.len() < m && Instant::now() < deadline {
+            let Some(message) = consumer.poll(Duration::from_millis(10)) else {
+                continue;
+            };
+            let at = Instant::now();
+            let event: serde_json::Value =
+                serde_json::from_slice(message?.payload().unwrap_or_default())?;
+            let id: RequestId = serde_json::from_value(event["request_id"].clone())?;
+            received.insert(id.as_uuid(), at);
+        }
+        Ok(received)
+    }))
 }

@@ -4,27 +4,35 @@
 //! builds it and the `ingest` binary it starts (`cargo build --release -p bench
 //! -p ingest`) and runs `target/release/ingest-bench`.
 //!
-//! One run, on a fresh database `mt_ingest_bench_<random>` and a fresh
-//! 4-partition topic `ingest-bench.<random>` (both dropped at the end; the
-//! databases kept with `--keep`):
+//! One run, on fresh databases `mt_ingest_bench_<random>` and fresh
+//! 4-partition topics `ingest-bench.<random>` (all dropped at the end; the
+//! databases kept with `--keep`), for each of ingest's write paths
+//! `--paths` names (`INGEST_WRITE_PATH`: by default `unnest`, the earlier
+//! statements, then `rows`, the current ones), so before and after come
+//! from one run:
 //! 1. N events of the five reference tenants, from the `workload` crate's
 //!    generator (their shares, models, token and GPU-time shapes), started
 //!    in the 4 hours up to a minute ago, are produced (idempotent, acks=all,
 //!    lz4, linger 5 ms) in the arrival order `--order` picks; the produce
 //!    rate is informational;
 //! 2. ceiling (a): plain consumers read (and copy) all N from the broker;
-//! 3. ceiling (b): COPY of the same N rows (formatting included) into
-//!    `request_log_raw`, a plain copy of request_log without indexes;
-//!    and (c), what ingest's design itself allows with no broker in front:
-//!    the same N events, decoded beforehand, committed batch by batch with
-//!    ingest's own `store::commit_batch` (dedupe, hourly, offsets: every
-//!    transaction ingest runs) into a second fresh database;
+//! 3. `--rounds` rounds of: ceiling (b), COPY of the same N rows
+//!    (formatting included) into `request_log_raw`, a plain copy of
+//!    request_log without indexes; then (c), what ingest's design itself
+//!    allows with no broker in front, once per write path (in turn, the
+//!    order reversed every other round): the same N events, decoded
+//!    beforehand, committed batch by batch with ingest's own
+//!    `store::commit_batch` (dedupe, hourly, offsets: every transaction
+//!    ingest runs) into a fresh database; each (c) is compared with the
+//!    (b) of its round, so the ratios come with their spread;
 //!    each with as many readers / connections as `--processes`, every one on
 //!    its share of the partitions, as that many ingest processes would be;
-//! 4. the real `ingest` binary runs as `--processes` processes of one
-//!    consumer group, timed from their start until their offsets in Postgres
-//!    cover all N, with peak RSS, CPU time and commit times (from their
-//!    `/metrics`); request_log and usage_hourly are then checked against N;
+//! 4. for each write path, the real `ingest` binary runs as `--processes`
+//!    processes of one consumer group on a fresh database (and, after the
+//!    first path, a fresh topic with the same N events), timed from their
+//!    start until their offsets in Postgres cover all N, with peak RSS, CPU
+//!    time and commit times (from their `/metrics`); request_log and
+//!    usage_hourly are then checked against N;
 //! 5. freshness: M more events at a fixed rate into the same running ingest
 //!    (the generator's too, each moved to start when it is sent), produce →
 //!    visible in request_log, as percentiles.
@@ -62,8 +70,9 @@ use usage_contract::UsageEvent;
 
 use ceilings::{broker_read, copy_raw, transactions_alone};
 use freshness::freshness;
+use ingest::store::{WritePath, Writes};
 use processes::{wait_ingested, Ingests};
-use report::{report, Measured};
+use report::{report, Measured, PathRun, Round};
 
 const PARTITIONS: i32 = 4;
 /// The bulk events start within this span, ending [`BULK_MARGIN`] ago.
@@ -123,6 +132,17 @@ struct Args {
     /// The order of the bulk events (and so of their request ids) on the topic.
     #[arg(long, value_enum, default_value_t = Order::Arrival)]
     order: Order,
+    /// Ingest's write paths to measure (INGEST_WRITE_PATH), comma-separated:
+    /// `unnest` (the earlier statements) and `rows` (the current ones).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "unnest,rows")]
+    paths: Vec<WritePath>,
+    /// Rounds of ceilings (b) and (c): each measures raw COPY, then every
+    /// path's transactions on fresh databases.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    rounds: u32,
+    /// Measure the ceilings only (no ingest processes, no freshness).
+    #[arg(long)]
+    ceilings_only: bool,
 }
 
 /// The order of the bulk events on the topic; the events are the same.
@@ -153,31 +173,29 @@ async fn main() -> Result<()> {
     ingest.validate()?;
     (args.max_batch, args.linger_ms) = (ingest.max_batch, ingest.linger_ms);
     args.synchronous_commit = ingest.synchronous_commit;
+    ensure!(!args.paths.is_empty(), "--paths names no write path");
     let mut rng = StdRng::from_os_rng();
     let suffix = format!("{:08x}", rng.random::<u32>());
-    // Both dropped when their handles are, however the run ends.
-    let mut db = Database::fresh_on(&args.database_url, "ingest_bench").await?;
-    // The second database takes ceiling (c)'s rows, so that the real
-    // ingest meets an empty request_log in the first.
-    let mut tx_db = Database::fresh_on(&args.database_url, "ingest_bench_tx").await?;
-    let result = run(&args, [&db, &tx_db], &suffix, &mut rng).await;
-    if args.keep {
-        for db in [&mut db, &mut tx_db] {
-            db.keep();
-            println!("kept database {}", db.name());
-        }
-    }
-    result
+    run(&args, &suffix, &mut rng).await
 }
 
-/// `dbs`: the database ingest writes to, and the one for ceiling (c).
-async fn run(args: &Args, dbs: [&Database; 2], suffix: &str, rng: &mut StdRng) -> Result<()> {
+/// A fresh bench database (dropped with its handle unless `--keep`), with
+/// the five reference tenants.
+async fn fresh(args: &Args, kept: &mut Vec<String>) -> Result<(Database, PgPool)> {
+    let mut db = Database::fresh_on(&args.database_url, "ingest_bench").await?;
+    if args.keep {
+        db.keep();
+        kept.push(db.name().to_owned());
+    }
+    let pool = bench_database(&db).await?;
+    Ok((db, pool))
+}
+
+async fn run(args: &Args, suffix: &str, rng: &mut StdRng) -> Result<()> {
     let (n, load) = (args.events, std::fs::read_to_string("/proc/loadavg")?);
-    let [db, tx_db] = dbs;
-    let pool = bench_database(db).await?;
+    let mut kept = Vec::new();
     // Deleted when dropped, at the end of the run (after ingest stopped).
     let topic = Topic::fresh(&args.kafka_brokers, "ingest-bench", PARTITIONS).await?;
-    let topic = topic.name.as_str();
     let events = bulk_events(n, args.order, rng)?;
     ensure!(
         events.len() == n,
@@ -186,59 +204,108 @@ async fn run(args: &Args, dbs: [&Database; 2], suffix: &str, rng: &mut StdRng) -
     );
     let hashes: Vec<[u8; 32]> = events.iter().map(UsageEvent::content_hash).collect();
 
-    println!("producing {n} events to {topic}");
+    println!("producing {n} events to {}", topic.name);
     let started = Instant::now();
-    let bulk_producer = producer(&args.kafka_brokers, 5, "lz4")?;
-    let messages = events.iter().map(|e| (&e.tenant_id, e.to_json()));
-    produce_all(&bulk_producer, topic, messages).await?;
-    drop(bulk_producer);
+    produce_to(args, &topic.name, &events).await?;
     let produce = started.elapsed();
     println!("ceiling (a): reading them back from the broker");
-    let read = broker_read(&args.kafka_brokers, topic, n, args.processes)?;
-    println!("ceiling (b): COPY into request_log_raw");
-    let copy = copy_raw(&pool, &events, &hashes, args.processes).await?;
-    drop(hashes);
-    println!("ceiling (c): ingest's transactions alone, into a second database");
-    let transactions = transactions_alone(
-        tx_db,
-        topic,
-        &events,
-        args.max_batch,
-        args.processes,
-        args.synchronous_commit,
-    )
-    .await?;
-    drop(events);
+    let read = broker_read(&args.kafka_brokers, &topic.name, n, args.processes)?;
 
-    println!("ingest: until its offsets cover all {n} events");
-    let mut ingest = Ingests::start(args, &db.url, topic, suffix)?;
-    let bulk = wait_ingested(&pool, &mut ingest, n, db.name()).await?;
-    let metrics = ingest.scrape().await;
-    let checks = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM request_log),
-                (SELECT coalesce(sum(requests), 0)::bigint FROM usage_hourly),
-                (SELECT count(*) FROM dead_letters)",
-    )
-    .fetch_one(&pool)
-    .await?;
-    println!("freshness: {} events at {}/s", args.fresh_events, args.rate);
-    let fresh = freshness(args, topic, &pool, &mut ingest, rng).await;
-    let hwm_kib = ingest.max_kib("VmHWM:");
-    ingest.stop().await;
-    let fresh = fresh?;
+    let (_copy_db, copy_pool) = fresh(args, &mut kept).await?;
+    let mut rounds = Vec::new();
+    for round in 0..args.rounds {
+        println!(
+            "round {}: ceiling (b), COPY into request_log_raw",
+            round + 1
+        );
+        let copy = copy_raw(&copy_pool, &events, &hashes, args.processes).await?;
+        let mut paths = args.paths.clone();
+        if round % 2 == 1 {
+            paths.reverse();
+        }
+        let mut transactions = Vec::new();
+        for path in paths {
+            println!(
+                "round {}: ceiling (c), ingest's transactions alone ({path:?})",
+                round + 1
+            );
+            let (_db, pool) = fresh(args, &mut kept).await?;
+            let writes = Writes {
+                synchronous_commit: args.synchronous_commit,
+                path,
+            };
+            let took = transactions_alone(&pool, &topic.name, &events, args, writes).await?;
+            transactions.push((path, took));
+        }
+        rounds.push(Round { copy, transactions });
+    }
+    copy_pool.close().await;
+    drop(hashes);
+
+    let mut runs = Vec::new();
+    let mut topics = vec![topic];
+    let paths = if args.ceilings_only {
+        &[][..]
+    } else {
+        &args.paths[..]
+    };
+    for (i, &path) in paths.iter().enumerate() {
+        if i > 0 {
+            let topic = Topic::fresh(&args.kafka_brokers, "ingest-bench", PARTITIONS).await?;
+            println!("producing the same {n} events to {}", topic.name);
+            produce_to(args, &topic.name, &events).await?;
+            topics.push(topic);
+        }
+        let topic = topics[i].name.clone();
+        let (db, pool) = fresh(args, &mut kept).await?;
+        println!("ingest ({path:?}): until its offsets cover all {n} events");
+        let mut ingest = Ingests::start(args, path, &db.url, &topic, &format!("{suffix}-{i}"))?;
+        let bulk = wait_ingested(&pool, &mut ingest, n, db.name()).await?;
+        let metrics = ingest.scrape().await;
+        let checks = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM request_log),
+                    (SELECT coalesce(sum(requests), 0)::bigint FROM usage_hourly),
+                    (SELECT count(*) FROM dead_letters)",
+        )
+        .fetch_one(&pool)
+        .await?;
+        println!(
+            "freshness ({path:?}): {} events at {}/s",
+            args.fresh_events, args.rate
+        );
+        let fresh = freshness(args, &topic, &pool, &mut ingest, rng).await;
+        let hwm_kib = ingest.max_kib("VmHWM:");
+        ingest.stop().await;
+        pool.close().await;
+        runs.push(PathRun {
+            path,
+            bulk,
+            metrics,
+            checks,
+            hwm_kib,
+            fresh: fresh?,
+        });
+    }
+    drop(events);
+    for name in kept {
+        println!("kept database {name}");
+    }
     let measured = Measured {
         load,
         produce,
         read,
-        copy,
-        transactions,
-        bulk,
-        metrics,
-        checks,
-        hwm_kib,
-        fresh,
+        rounds,
+        runs,
     };
     report(args, &measured)
+}
+
+/// Produces `events` to `topic` (idempotent, acks=all, lz4, linger 5 ms).
+async fn produce_to(args: &Args, topic: &str, events: &[UsageEvent]) -> Result<()> {
+    let bulk_producer = producer(&args.kafka_brokers, 5, "lz4")?;
+    let messages = events.iter().map(|e| (&e.tenant_id, e.to_json()));
+    produce_all(&bulk_producer, topic, messages).await?;
+    Ok(())
 }
 
 /// N events of the reference tenants started in the [`BULK_SPAN`] up to

@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
 use bench::procfs::{cpu_seconds, status_kib};
+use clap::ValueEnum;
 use devstack::health::free_port;
 use devstack::Service;
+use ingest::store::WritePath;
 use sqlx::PgPool;
 
 use crate::cpu_time::{Part, Sample};
@@ -24,11 +26,17 @@ pub(crate) struct Ingests {
 }
 
 impl Ingests {
-    pub(crate) fn start(args: &Args, url: &str, topic: &str, suffix: &str) -> Result<Self> {
+    pub(crate) fn start(
+        args: &Args,
+        path: WritePath,
+        url: &str,
+        topic: &str,
+        suffix: &str,
+    ) -> Result<Self> {
         let group = format!("bench-{suffix}");
         let started = Instant::now();
         let procs = (0..args.processes)
-            .map(|i| Ingest::start(args, url, topic, &group, &format!("{suffix}-{i}")))
+            .map(|i| Ingest::start(args, path, url, topic, &group, &format!("{suffix}-{i}")))
             .collect::<Result<_>>()?;
         Ok(Self {
             procs,
@@ -90,7 +98,15 @@ struct Ingest {
 impl Ingest {
     /// `target/<profile>/ingest`, logging to `ingest-bench-<name>.log` in
     /// the system temp directory.
-    fn start(args: &Args, url: &str, topic: &str, group: &str, name: &str) -> Result<Self> {
+    fn start(
+        args: &Args,
+        path: WritePath,
+        url: &str,
+        topic: &str,
+        group: &str,
+        name: &str,
+    ) -> Result<Self> {
+        let path = path.to_possible_value().map(|v| v.get_name().to_owned());
         let metrics_addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let env = [
             ("DATABASE_URL", url.to_owned()),
@@ -100,6 +116,7 @@ impl Ingest {
             ("INGEST_METRICS_ADDR", metrics_addr.to_string()),
             ("INGEST_MAX_BATCH", args.max_batch.to_string()),
             ("INGEST_LINGER_MS", args.linger_ms.to_string()),
+            ("INGEST_WRITE_PATH", path.unwrap_or_default()),
         ];
         let env = env.map(|(k, v)| (k.to_owned(), v)).into();
         let name = format!("ingest-bench-{name}");
