@@ -160,18 +160,28 @@ async fn run(n: usize, db: &Database) -> anyhow::Result<()> {
     insert_logged(pool, &events).await?;
     let started = Instant::now();
     let mut read = 0usize;
-    let mut after: Option<uuid::Uuid> = None;
+    let mut after = 0_i64;
     loop {
-        let ids: Vec<(uuid::Uuid,)> = sqlx::query_as(
-            "SELECT request_id FROM archive_queue WHERE request_id > coalesce($1, '00000000-0000-0000-0000-000000000000'::uuid)
-             ORDER BY request_id LIMIT 100000",
+        // The archiver's reads: the oldest queue rows holding up to 100,000
+        // ids, then their request_log rows.
+        let queued: Vec<(i64, Vec<uuid::Uuid>)> = sqlx::query_as(
+            "SELECT batch_id, request_ids FROM (
+                 SELECT batch_id, request_ids, sum(ids) OVER (ORDER BY batch_id) - ids AS before
+                 FROM archive_queue_batches WHERE batch_id > $1) q
+             WHERE before < 100000 ORDER BY batch_id",
         )
         .bind(after)
         .fetch_all(pool)
         .await?;
-        let Some(last) = ids.last() else { break };
-        after = Some(last.0);
-        let got = archive::queue::logged_between(pool, ids[0].0, last.0).await?;
+        let Some(last) = queued.last().map(|(b, _)| *b) else {
+            break;
+        };
+        after = last;
+        let ids: Vec<uuid::Uuid> = queued.into_iter().flat_map(|(_, ids)| ids).collect();
+        let (Some(&from), Some(&to)) = (ids.iter().min(), ids.iter().max()) else {
+            break;
+        };
+        let got = archive::queue::logged_between(pool, from, to).await?;
         read += got.len() + 1;
     }
     let baseline = started.elapsed();
@@ -196,9 +206,10 @@ async fn run(n: usize, db: &Database) -> anyhow::Result<()> {
     let mut hwm_kib = None;
     loop {
         archiver.check_running()?;
-        let (queued,): (i64,) = sqlx::query_as("SELECT count(*) FROM archive_queue")
-            .fetch_one(pool)
-            .await?;
+        let (queued,): (i64,) =
+            sqlx::query_as("SELECT coalesce(sum(ids), 0)::bigint FROM archive_queue_batches")
+                .fetch_one(pool)
+                .await?;
         if (queued as usize) < n && first_commit.is_none() {
             first_commit = Some(started.elapsed());
         }
