@@ -9,7 +9,7 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap};
+use axum::http::HeaderMap;
 use sha2::{Digest, Sha256};
 
 use crate::access::{Principal, Role};
@@ -21,23 +21,12 @@ pub fn hash_token(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-/// The token of an `Authorization: Bearer <token>` value; the scheme is
-/// case-insensitive (RFC 9110 §11.1).
-pub fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim_start().split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
-
 /// The value of the request's one `Authorization` header (`None` without
 /// one, or with one that is not visible ASCII); more than one is an error.
 pub fn authorization(headers: &HeaderMap) -> Result<Option<&str>, BillingError> {
-    let mut values = headers.get_all(header::AUTHORIZATION).iter();
-    let first = values.next();
-    if values.next().is_some() {
-        return Err(BillingError::RepeatedHeader("Authorization"));
-    }
-    Ok(first.and_then(|v| v.to_str().ok()))
+    let value = serving::headers::single(headers, "Authorization")
+        .map_err(|serving::headers::Repeated(name)| BillingError::RepeatedHeader(name))?;
+    Ok(value.and_then(|v| v.to_str().ok()))
 }
 
 /// A stored identity as a [`Principal`] (an unknown role is no identity).
@@ -69,7 +58,7 @@ impl FromRequestParts<AppState> for Principal {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         let token = authorization(&parts.headers)?
-            .and_then(bearer_token)
+            .and_then(serving::headers::bearer)
             .ok_or(BillingError::Unauthenticated)?;
         resolve_token(state, token)
             .await?
@@ -81,8 +70,9 @@ impl FromRequestParts<AppState> for Principal {
 mod tests {
     use axum::http::{header, HeaderMap, HeaderValue};
 
-    use super::{authorization, bearer_token};
+    use super::authorization;
     use crate::error::BillingError;
+    use serving::headers::bearer as bearer_token;
 
     #[test]
     fn a_second_authorization_header_is_refused_naming_it() {

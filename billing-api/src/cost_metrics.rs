@@ -21,7 +21,7 @@ use chrono::Utc;
 use rust_decimal::Decimal;
 use sqlx::PgConnection;
 
-use crate::auth::{authorization, bearer_token, hash_token};
+use crate::auth::{authorization, hash_token};
 use crate::drafts;
 use crate::error::BillingError;
 use crate::period::Month;
@@ -36,7 +36,7 @@ pub async fn metrics(
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, BillingError> {
     let given = authorization(&headers)?
-        .and_then(bearer_token)
+        .and_then(serving::headers::bearer)
         .map(hash_token);
     // Hashes compared, so the comparison's time says nothing about the token.
     if state.metrics_token_hash.is_none() || given != state.metrics_token_hash {

@@ -32,37 +32,24 @@ use crate::tenants::Caller;
 /// SSE frames buffered towards a slow client before the stream waits.
 const STREAM_BUFFER: usize = 64;
 
-/// The key of an `Authorization: Bearer <key>` value; the scheme is
-/// case-insensitive (RFC 9110 §11.1).
-pub fn bearer_key(value: &str) -> Option<&str> {
-    let (scheme, key) = value.trim_start().split_once(' ')?;
-    let key = key.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !key.is_empty()).then_some(key)
-}
-
 /// The one value of a header that decides who pays or which answer is
-/// replayed. Two values are refused with 400 naming the header: a proxy
-/// that appends a second `Authorization` (or reads the last one) must not
-/// decide which tenant is billed.
+/// replayed (see [`serving::headers`]); two are a 400 naming the header.
 fn single_header<'h>(
     headers: &'h HeaderMap,
     name: &'static str,
 ) -> Result<Option<&'h HeaderValue>, GatewayError> {
-    let mut values = headers.get_all(name).iter();
-    let first = values.next();
-    if values.next().is_some() {
-        return Err(GatewayError::InvalidParam {
+    serving::headers::single(headers, name).map_err(|serving::headers::Repeated(name)| {
+        GatewayError::InvalidParam {
             param: name.into(),
             message: format!("the request carries more than one {name} header; send exactly one"),
-        });
-    }
-    Ok(first)
+        }
+    })
 }
 
 fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, GatewayError> {
     let key = single_header(headers, "Authorization")?
         .and_then(|v| v.to_str().ok())
-        .and_then(bearer_key)
+        .and_then(serving::headers::bearer)
         .ok_or(GatewayError::MissingKey)?;
     state
         .registry

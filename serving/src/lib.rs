@@ -26,12 +26,14 @@
 //! - [`settings`]: the typed, validated settings (`HTTP_*` variables).
 //! - [`server`]: the accept loop and per-connection HTTP/1.1 setup.
 //! - [`body`]: the request-body read timeout, as a middleware.
+//! - [`headers`]: `Authorization` and other credentials headers, at most once.
 //! - [`nul`]: the NUL check of the query, and the one NUL message.
 //! - `error`: the error body this layer answers with itself.
 //! - [`shutdown`]: the signal every binary stops on.
 
 pub mod body;
 mod error;
+pub mod headers;
 pub mod nul;
 pub mod server;
 pub mod settings;
