@@ -28,6 +28,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== settings reference: docs/settings.md against the binaries"
+cargo run --quiet -p settings-doc -- --check
 echo "== build the services the end-to-end tests start"
 cargo build --workspace --bins --quiet
 echo "== cargo nextest run"

@@ -31,6 +31,7 @@
 //! - [`run`]: one month's audit, end to end
 //! - [`error`]: the crate's error
 
+pub mod cli;
 pub mod compare;
 pub mod error;
 pub mod inputs;

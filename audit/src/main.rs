@@ -6,35 +6,8 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use audit::cli::Cli;
 use billing_api::period::Month;
-use clap::Parser;
-
-/// Meterline audit: invoices proven from the archive.
-#[derive(Parser)]
-#[command(version)]
-struct Cli {
-    /// Postgres URL.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/meterline"
-    )]
-    database_url: String,
-    /// The archive: a directory, `file:///…` or `s3://bucket/prefix` (the
-    /// archiver's `ARCHIVE_URL`).
-    #[arg(long, env = "ARCHIVE_URL", default_value = ".stack/archive")]
-    archive_url: String,
-    /// The month to audit, `YYYY-MM`.
-    #[arg(long)]
-    month: String,
-    /// Audit only these tenants (repeatable); all by default.
-    #[arg(long = "tenant")]
-    tenants: Vec<String>,
-    /// How long to wait for the archiver to catch up with what the
-    /// invoices hold before giving up.
-    #[arg(long, default_value_t = 60)]
-    wait_seconds: u64,
-}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -55,7 +28,7 @@ async fn run() -> anyhow::Result<ExitCode> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
+    let cli: Cli = serving::retired::parse()?;
     let month = Month::parse(&cli.month)
         .map_err(|_| anyhow::anyhow!("--month {:?}: expected YYYY-MM, e.g. 2026-11", cli.month))?;
     if cli.archive_url == "off" {

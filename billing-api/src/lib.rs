@@ -44,6 +44,7 @@ pub mod adjustments;
 pub mod admin;
 pub mod auth;
 pub mod budget;
+pub mod cli;
 pub mod cost_metrics;
 pub mod drafts;
 pub mod error;

@@ -1,58 +1,8 @@
 use billing_api::access::{Principal, Role};
+use billing_api::cli::{Cli, Command, TenantsCommand, TokenCommand};
 use billing_api::params::TenantId;
 use billing_api::tenant_admin;
 use billing_api::tokens::{self, IssueRequest};
-use billing_api::BillingConfig;
-use clap::{Parser, Subcommand};
-
-/// Meterline billing-api: serves the API and the pages; `token …`
-/// administers billing tokens directly on the database (as finance, audited
-/// as `cli`).
-#[derive(Parser)]
-#[command(version)]
-struct Cli {
-    #[command(flatten)]
-    config: BillingConfig,
-    #[command(subcommand)]
-    command: Option<Command>,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Billing tokens: issue, list, revoke.
-    #[command(subcommand)]
-    Token(TokenCommand),
-    /// Tenants, their keys and limits: `apply FILE` upserts a seed file
-    /// shaped like `config/tenants.yaml`, validated as a whole first.
-    #[command(subcommand)]
-    Tenants(TenantsCommand),
-}
-
-#[derive(Subcommand)]
-enum TenantsCommand {
-    /// Validates the file and upserts every tenant, key and limit in it
-    /// (one transaction; nothing is written if any tenant is refused).
-    Apply { file: std::path::PathBuf },
-}
-
-#[derive(Subcommand)]
-enum TokenCommand {
-    /// Issues a token and prints it (once; only its hash is stored).
-    Issue {
-        /// finance, team_lead or support.
-        #[arg(long)]
-        role: String,
-        /// The tenant a team lead sees.
-        #[arg(long)]
-        tenant: Option<String>,
-        #[arg(long, default_value = "")]
-        label: String,
-    },
-    /// Lists every token (never the token itself).
-    List,
-    /// Revokes a token; its page sessions end.
-    Revoke { token_id: String },
-}
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -73,7 +23,7 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli: Cli = serving::retired::parse()?;
     let Some(command) = cli.command else {
         billing_api::service::run(cli.config, serving::shutdown_signal()).await?;
         return Ok(std::process::ExitCode::SUCCESS);

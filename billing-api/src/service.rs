@@ -36,7 +36,12 @@ pub struct BillingConfig {
     pub bootstrap_finance_token: Option<String>,
     /// A tenants file (YAML, shaped like config/tenants.yaml) to upsert at
     /// start-up: tenants, API keys and limits, validated before anything is
-    /// written. billing-api owns tenants; the gateway only reads them.
+    /// written: a bad time zone, billing mode, plan, priority or SLO is
+    /// refused naming the tenant and the field, an API key under 16
+    /// characters naming the tenant and the key's id (never the key).
+    /// `billing-api tenants apply FILE` applies the same file without
+    /// starting the service. billing-api owns tenants; the gateways only
+    /// read them.
     #[arg(long, env = "BILLING_TENANTS_FILE")]
     pub tenants_file: Option<std::path::PathBuf>,
     /// The bearer token Prometheus sends for `/metrics` (at least 16

@@ -20,85 +20,10 @@ mod services;
 mod traffic;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use anyhow::bail;
-use clap::{Parser, Subcommand};
-
-/// The demo's settings; every one has a working default.
-#[derive(Parser)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
-    /// The checkout: `config/` holds the tenants and the price book.
-    #[arg(long, env = "METERLINE_ROOT", default_value = ".")]
-    root: PathBuf,
-    /// The services' pid files, logs and the gateway's outbox (default `<root>/.stack/demo`).
-    #[arg(long, env = "DEMO_RUN_DIR")]
-    run_dir: Option<PathBuf>,
-    /// Where the archiver writes Parquet (default `<root>/.stack/archive`).
-    #[arg(long, env = "ARCHIVE_URL")]
-    archive_url: Option<String>,
-    #[arg(long, env = "GATEWAY_ADDR", default_value = "127.0.0.1:8080")]
-    gateway_addr: String,
-    #[arg(long, env = "BILLING_ADDR", default_value = "127.0.0.1:8082")]
-    billing_addr: String,
-    #[arg(long, env = "INGEST_METRICS_ADDR", default_value = "127.0.0.1:9101")]
-    ingest_metrics_addr: String,
-    #[arg(long, env = "ARCHIVE_METRICS_ADDR", default_value = "127.0.0.1:9102")]
-    archive_metrics_addr: String,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/meterline"
-    )]
-    database_url: String,
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    kafka_brokers: String,
-    /// The topic the gateway publishes to and the backfill produces to.
-    #[arg(long, env = "GATEWAY_TOPIC", default_value = "usage.events.v1")]
-    topic: String,
-    #[arg(
-        long,
-        env = "BILLING_BOOTSTRAP_FINANCE_TOKEN",
-        default_value = "demo-finance-token-0001"
-    )]
-    finance_token: String,
-    /// The bearer token billing-api's `/metrics` asks for (the demo prints it).
-    #[arg(
-        long,
-        env = "BILLING_METRICS_TOKEN",
-        default_value = "demo-metrics-token-0001"
-    )]
-    metrics_token: String,
-    /// Events in the backfilled month.
-    #[arg(long, env = "DEMO_BACKFILL_EVENTS", default_value_t = 2_000_000)]
-    backfill_events: u64,
-    /// Requests a replica runs at once in the backfilled month, which sets
-    /// each request's share of the replica's GPU time (see `workload::fleet`).
-    #[arg(long, env = "DEMO_BACKFILL_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
-    backfill_concurrency: u32,
-    /// The sample's seed (the same seed gives the same month).
-    #[arg(long, env = "DEMO_SEED", default_value_t = 1)]
-    seed: u64,
-    /// Seconds of live traffic.
-    #[arg(long, env = "DEMO_SECONDS", default_value_t = 10)]
-    seconds: u64,
-    /// Live traffic runs at the reference rates divided by this.
-    #[arg(long, env = "DEMO_RATE_DIVISOR", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
-    rate_divisor: u32,
-    /// `ENGINE_SPEEDUP` of the gateway's simulated engines.
-    #[arg(long, env = "ENGINE_SPEEDUP", default_value = "20")]
-    engine_speedup: String,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Start the services, backfill and finalize the month, drive traffic (the default).
-    Run,
-    /// Stop the services an earlier run left running.
-    Stop,
-}
+use clap::Parser;
+use demo::cli::{Cli, Command};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -121,7 +46,6 @@ async fn main() -> anyhow::Result<()> {
         ("KAFKA_BROKERS".into(), cli.kafka_brokers.clone()),
         ("GATEWAY_TOPIC".into(), cli.topic.clone()),
         ("INGEST_TOPIC".into(), cli.topic.clone()),
-        ("ARCHIVE_TOPIC".into(), cli.topic.clone()),
         (
             "BILLING_BOOTSTRAP_FINANCE_TOKEN".into(),
             cli.finance_token.clone(),

@@ -30,6 +30,7 @@
 //! handle, even when the test panics.
 
 pub mod cached_install;
+pub mod cli;
 pub mod database;
 pub mod detached;
 pub mod error;

@@ -43,6 +43,7 @@
 //! - A replica is deterministic: the same timeline gives the same outcomes.
 
 pub mod attribution;
+pub mod cli;
 pub mod clock;
 pub mod completion;
 pub mod error;

@@ -30,7 +30,8 @@
 //! `{prefix}settling` ([`SETTLE`]): no capacity is leased until it ends,
 //! and by then every live gateway's heartbeat (every [`RENEW_EVERY`]) has
 //! found its liveness key gone and registered again what it holds. Rates
-//! are not held back: every bucket starts full again (see the README).
+//! are not held back: every bucket starts full again (see docs/operations.md, "Several gateways,
+//! one fleet").
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

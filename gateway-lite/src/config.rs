@@ -22,36 +22,41 @@ pub struct GatewayConfig {
     /// Kafka bootstrap servers for the relay.
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     pub kafka_brokers: String,
-    /// Topic the relay publishes usage events to.
+    /// The usage topic the relay publishes events to (ingest reads it as
+    /// `INGEST_TOPIC`).
     #[arg(long, env = "GATEWAY_TOPIC", default_value = usage_contract::TOPIC)]
     pub topic: String,
-    /// The durable outbox directory (created if missing).
+    /// The durable outbox directory, created if missing: segment files
+    /// `*.log` and `answers.redb`. One gateway per directory; a file in
+    /// its place (the single-file outbox of a gateway before 2026-12) is
+    /// refused: drain it with that version first.
     #[arg(long, env = "GATEWAY_OUTBOX", default_value = ".stack/gateway-outbox")]
     pub outbox: PathBuf,
     /// This gateway's id, stamped on every usage event.
     #[arg(long, env = "GATEWAY_ID", default_value = "gw-1")]
     pub gateway_id: String,
-    /// No longer read: tenants, keys and limits are administered by
-    /// billing-api (`BILLING_TENANTS_FILE`, `billing-api tenants apply`).
-    /// Kept so that a deployment still setting it is refused, naming it,
-    /// rather than silently starting without its tenants.
-    #[arg(long, env = "GATEWAY_TENANTS_FILE", hide = true)]
+    /// The gateway only reads tenants, keys and limits; billing-api
+    /// administers them: seed them with `BILLING_TENANTS_FILE` or `billing-api tenants apply FILE`.
+    #[arg(long, env = "GATEWAY_TENANTS_FILE", hide = true, help_heading = serving::retired::HEADING)]
     pub tenants_file: Option<PathBuf>,
     /// Models served by OpenAI-compatible servers such as vLLM (YAML; see
     /// `engine::upstream`). Models not listed run on the built-in simulator.
     #[arg(long, env = "GATEWAY_UPSTREAMS")]
     pub upstreams_file: Option<PathBuf>,
-    /// How often keys are reloaded from Postgres, in milliseconds.
+    /// How often keys are reloaded from Postgres, in milliseconds: how soon
+    /// a revoked key stops working.
     #[arg(long, env = "GATEWAY_KEY_REFRESH_MS", default_value_t = 2000)]
     pub key_refresh_ms: u64,
-    /// Requests per second the whole gateway admits (0: no global limit).
+    /// Requests per second all gateways together admit, the bucket above
+    /// every tenant's (0: no global limit).
     #[arg(long, env = "GATEWAY_GLOBAL_RPS", default_value_t = 400)]
     pub global_rps: u32,
-    /// Burst above the global rate.
+    /// Burst above the global rate, for all gateways together.
     #[arg(long, env = "GATEWAY_GLOBAL_BURST", default_value_t = 60)]
     pub global_burst: u32,
-    /// Longest a request may run, in seconds of wall time, before the
-    /// gateway stops it (504 or an error chunk; billed for what it used).
+    /// Longest a request may run, in seconds of wall time: after it the
+    /// request is stopped at the engine, billed as `error` for what it used,
+    /// and answered 504 (mid-stream: an error chunk, then `[DONE]`).
     #[arg(long, env = "GATEWAY_REQUEST_TIMEOUT_SECS", default_value_t = 600)]
     pub request_timeout_secs: u64,
     /// YAML or JSON file of the simulated models' profiles (`profiles:
@@ -77,15 +82,18 @@ pub struct GatewayConfig {
     /// On SIGTERM, how long `/readyz` answers 503 while the gateway still
     /// accepts requests, before it stops accepting: set it to the time
     /// your load balancer takes to notice (health-check interval ×
-    /// failures). 0 (the default) stops accepting at once.
+    /// failures). Then it stops accepting, lets admitted requests finish
+    /// and drains its outbox; `/healthz` stays 200 until it exits. 0 stops
+    /// accepting at once.
     #[arg(long, env = "GATEWAY_DRAIN_DELAY_MS", default_value_t = 0)]
     pub drain_delay_ms: u64,
-    /// The Redis every gateway shares for limits, leases and idempotency
-    /// claims (nothing in it needs to survive a restart).
+    /// The Redis every gateway shares for limits, in-flight leases,
+    /// idempotency claims and the GPU-time ledger of HTTP replicas (nothing
+    /// in it needs to survive a restart).
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
     /// Prefix of every key this gateway writes in Redis: gateways with the
-    /// same prefix share their limits.
+    /// same prefix act as one (limits, idempotency claims, ledgers).
     #[arg(long, env = "GATEWAY_REDIS_PREFIX", default_value = "meterline:")]
     pub redis_prefix: String,
     /// `shared`: limits shared by every gateway through Redis (each falls
@@ -101,16 +109,18 @@ pub struct GatewayConfig {
     /// How long idempotency claims and answers stay in Redis, seconds (60
     /// to 86400): a retry on another gateway gets the stored answer within
     /// this; after it, it runs again under the same request id (billed
-    /// once). Redis holds every idempotent answer this long.
+    /// once). Redis holds every idempotent answer this long, about
+    /// idempotent requests/s × this × answer size; the outbox keeps answers
+    /// 24 h whatever this is.
     #[arg(
         long,
         env = "GATEWAY_IDEMPOTENCY_SHARED_TTL_SECS",
         default_value_t = 86_400
     )]
     pub idempotency_shared_ttl_secs: u64,
-    /// `on` (the fairness layer): a request a simulated model cannot admit
-    /// for its class waits in that model's fair queue (priority, then WFQ
-    /// by tenant weight) up to its tenant's wait budget, then 429
+    /// `on` (the fairness layer): a request a model (simulated or HTTP)
+    /// cannot admit for its class waits in that model's fair queue (strict
+    /// priority, then WFQ by `wfq_weight`) up to its tenant's wait budget, then 429
     /// `queue_timeout`; with it the degradation ladder, capacity borrowing
     /// and preemption. `off`: admission by class only, 503 `no_capacity`
     /// at once.
@@ -121,7 +131,8 @@ pub struct GatewayConfig {
         default_value = "on"
     )]
     pub queue: Switch,
-    /// Requests each priority level of a model's queue holds (1 to 100000).
+    /// Requests each priority level of a model's queue holds (1 to
+    /// 100000); beyond it 429 `queue_full`.
     #[arg(long, env = "GATEWAY_QUEUE_DEPTH", default_value_t = 1_000)]
     pub queue_depth: usize,
     /// How often each simulated replica's busy and idle GPU time is
@@ -132,7 +143,8 @@ pub struct GatewayConfig {
     pub replica_report_secs: u64,
     /// The most of each model pool the tenants' reserved floors
     /// may hold together, as a share (`"0.50"`). Floors that add up to more
-    /// are scaled down to it (logged and on `/metrics`).
+    /// are scaled down to it in proportion (logged and on `/metrics`); four
+    /// decimals at most.
     #[arg(long, env = "GATEWAY_FLOOR_LIMIT", default_value = "0.50")]
     pub floor_limit: String,
     /// Slow-client bounds and the shutdown grace of the listener.
@@ -199,15 +211,6 @@ impl GatewayConfig {
 
     pub fn validate(&self) -> Result<(), GatewayError> {
         self.profiles()?;
-        if let Some(path) = &self.tenants_file {
-            return Err(GatewayError::Config(format!(
-                "GATEWAY_TENANTS_FILE ({}) is no longer read: tenants, keys and limits are \
-                 administered by billing-api; seed them with BILLING_TENANTS_FILE or \
-                 `billing-api tenants apply {}`",
-                path.display(),
-                path.display()
-            )));
-        }
         if self.gateway_id.trim().is_empty() || self.gateway_id.len() > 200 {
             return Err(GatewayError::Config(
                 "GATEWAY_ID must be 1 to 200 characters".into(),

@@ -44,6 +44,7 @@
 
 pub mod admission_queue;
 pub mod chat;
+pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod error;

@@ -1,13 +1,4 @@
-use clap::Parser;
-use gateway_lite::GatewayConfig;
-
-/// Meterline gateway-lite: the OpenAI-compatible edge that meters every request.
-#[derive(Parser)]
-#[command(version)]
-struct Cli {
-    #[command(flatten)]
-    config: GatewayConfig,
-}
+use gateway_lite::cli::Cli;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -28,7 +19,7 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
                 .unwrap_or_else(|_| "info,rdkafka=warn".into()),
         )
         .init();
-    let cli = Cli::parse();
+    let cli: Cli = serving::retired::parse()?;
     gateway_lite::service::run(cli.config, serving::shutdown_signal()).await?;
     Ok(std::process::ExitCode::SUCCESS)
 }

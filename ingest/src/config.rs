@@ -20,7 +20,7 @@ pub struct IngestConfig {
     /// Kafka bootstrap servers, comma-separated.
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     pub kafka_brokers: String,
-    /// Topic carrying usage events.
+    /// The usage topic ingest reads (its dead letters are filed under it).
     #[arg(long, env = "INGEST_TOPIC", default_value = usage_contract::TOPIC)]
     pub topic: String,
     /// Consumer group; its offsets are kept in Postgres.
@@ -34,7 +34,7 @@ pub struct IngestConfig {
     pub linger_ms: u64,
     /// `on`: each batch's commit waits for its WAL flush; `off`: it does
     /// not, and a Postgres crash's lost commits are found by the offsets
-    /// check and consumed again (see the README's exactly-once argument).
+    /// check and consumed again (see docs/architecture.md, the exactly-once argument).
     #[arg(
         long,
         env = "INGEST_SYNCHRONOUS_COMMIT",

@@ -42,6 +42,7 @@ pub mod archive;
 pub mod batch;
 pub mod batcher;
 pub mod capacity;
+pub mod cli;
 pub mod config;
 pub mod consumer;
 pub mod dead_letters;

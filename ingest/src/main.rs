@@ -1,35 +1,7 @@
-use clap::{Parser, Subcommand};
+use ingest::cli::{Cli, Command};
 use ingest::session::println_json;
-use ingest::{dead_letters, redrive, IngestConfig};
+use ingest::{dead_letters, redrive};
 use serving::shutdown_signal;
-
-/// Meterline ingest: usage events from Kafka into Postgres, exactly once.
-#[derive(Parser)]
-#[command(version)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
-    #[command(flatten)]
-    config: IngestConfig,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Consume until SIGTERM or Ctrl-C (the default).
-    Run,
-    /// List open dead letters as JSON lines.
-    DeadLetters {
-        #[arg(long)]
-        reason: Option<String>,
-        #[arg(long, default_value_t = 100)]
-        limit: i64,
-    },
-    /// Re-drive open dead letters (of one reason, or all) after a fix.
-    Redrive {
-        #[arg(long)]
-        reason: Option<String>,
-    },
-}
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -52,7 +24,7 @@ async fn run() -> anyhow::Result<std::process::ExitCode> {
         // Logs on stderr: the subcommands print JSON on stdout.
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli: Cli = serving::retired::parse()?;
     match cli.command.unwrap_or(Command::Run) {
         Command::Run => ingest::service::run(cli.config, shutdown_signal()).await?,
         Command::DeadLetters { reason, limit } => {

@@ -9,6 +9,7 @@
 //! Invariant: closing hours and dropping partitions take the usage lock
 //! exclusively, so they never interleave with an ingest batch.
 
+pub mod cli;
 pub mod hours;
 pub mod reconcile;
 pub mod retention;

@@ -1,62 +1,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
-use clap::{Parser, Subcommand};
+use chrono::{TimeDelta, Utc};
+use rollup::cli::{Cli, Command};
 use rollup::{hours, reconcile, retention, service};
-
-/// Meterline rollup: stored usage over time.
-#[derive(Parser)]
-#[command(version)]
-struct Cli {
-    /// Postgres URL.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/meterline"
-    )]
-    database_url: String,
-    /// How long after an hour's end (by the watermark) it stays open for late events.
-    #[arg(long, env = "ROLLUP_LATENESS_MINUTES", default_value_t = 10)]
-    lateness_minutes: u32,
-    /// Days of request_log kept; older day partitions are dropped.
-    #[arg(long, env = "ROLLUP_KEEP_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
-    keep_days: u32,
-    /// Keep a due request_log day until the Parquet archive has covered it
-    /// (none of its ids waits in archive_queue). `false` only for a
-    /// deployment that runs no archiver.
-    #[arg(long, env = "ROLLUP_REQUIRE_ARCHIVE", default_value_t = true, action = clap::ArgAction::Set)]
-    require_archive: bool,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Close hours and apply retention on a schedule, until SIGTERM or Ctrl-C.
-    Run {
-        #[arg(long, default_value_t = 30)]
-        tick_seconds: u64,
-    },
-    /// Close every hour the watermark has passed, once.
-    CloseHours,
-    /// Drop request_log day partitions older than --keep-days, once.
-    Retention,
-    /// Compare request_log, usage_hourly and the Parquet archive for
-    /// [from, to); exit 1 listing every difference (JSON, one per line on
-    /// stdout) if they disagree.
-    Reconcile {
-        #[arg(long)]
-        from: DateTime<Utc>,
-        #[arg(long)]
-        to: DateTime<Utc>,
-        /// The archive (the archiver's `ARCHIVE_URL`: a directory,
-        /// `file:///…` or `s3://bucket/prefix`); `off` compares request_log
-        /// with usage_hourly only.
-        #[arg(long, env = "ARCHIVE_URL", default_value = ".stack/archive")]
-        archive_url: String,
-    },
-}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -78,7 +25,7 @@ async fn run() -> anyhow::Result<ExitCode> {
         // Logs on stderr: the subcommands print JSON on stdout.
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli: Cli = serving::retired::parse()?;
     let lateness = TimeDelta::minutes(i64::from(cli.lateness_minutes));
     let archive = if cli.require_archive {
         retention::ArchiveRule::Require

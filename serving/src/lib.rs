@@ -28,6 +28,7 @@
 //! - [`body`]: the request-body read timeout, as a middleware.
 //! - [`headers`]: `Authorization` and other credentials headers, at most once.
 //! - [`nul`]: the NUL check of the query, and the one NUL message.
+//! - [`retired`]: settings no longer read, refused at start naming them.
 //! - `error`: the error body this layer answers with itself.
 //! - [`shutdown`]: the signal every binary stops on.
 
@@ -35,6 +36,7 @@ pub mod body;
 mod error;
 pub mod headers;
 pub mod nul;
+pub mod retired;
 pub mod server;
 pub mod settings;
 pub mod shutdown;

@@ -9,7 +9,10 @@ use clap::Args;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Args)]
 pub struct HttpSettings {
     /// Seconds a connection may take to send a complete request head; also
-    /// how long a kept-alive connection may wait idle for its next request.
+    /// how long a kept-alive connection may wait idle for its next request
+    /// (1 to 3600). Keep a client's idle-pool timeout below it (reqwest's
+    /// default is 90 s), or a request may go out on a connection being
+    /// closed: hyper's `IncompleteMessage`.
     #[arg(
         long = "http-header-read-timeout-secs",
         env = "HTTP_HEADER_READ_TIMEOUT_SECS",
@@ -18,7 +21,8 @@ pub struct HttpSettings {
         value_parser = clap::value_parser!(u64).range(1..=3600)
     )]
     pub header_read_timeout_secs: u64,
-    /// Seconds a client may take to send a request's whole body (408 after).
+    /// Seconds a client may take to send a request's whole body (408 after;
+    /// 1 to 3600); responses have no limit.
     #[arg(
         long = "http-body-read-timeout-secs",
         env = "HTTP_BODY_READ_TIMEOUT_SECS",
@@ -27,7 +31,8 @@ pub struct HttpSettings {
         value_parser = clap::value_parser!(u64).range(1..=3600)
     )]
     pub body_read_timeout_secs: u64,
-    /// Seconds in-flight responses may go on after shutdown was asked for.
+    /// On SIGTERM or Ctrl-C, seconds in-flight responses may go on after the
+    /// listener stopped accepting (0 to 3600).
     #[arg(
         long = "http-shutdown-grace-secs",
         env = "HTTP_SHUTDOWN_GRACE_SECS",

@@ -130,36 +130,3 @@ async fn a_bad_slo_in_the_tenants_file_names_the_tenant_and_the_field() {
             .unwrap();
     assert_eq!(stored, 0, "a refused file writes nothing");
 }
-
-/// The gateway no longer seeds tenants (billing-api owns them): a
-/// deployment that still sets `GATEWAY_TENANTS_FILE` is refused at start,
-/// naming the setting and where tenants are administered now.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_retired_gateway_tenants_file_setting_is_refused_naming_it() {
-    let stack = TestStack::new("gwseedgone").await;
-    let mut env = stack.env();
-    env.insert(
-        "GATEWAY_TENANTS_FILE".into(),
-        tests::billing::REFERENCE_TENANTS.into(),
-    );
-    env.insert(
-        "GATEWAY_ADDR".into(),
-        format!("127.0.0.1:{}", tests::process::free_port()),
-    );
-    env.insert(
-        "GATEWAY_OUTBOX".into(),
-        stack.dir.path().join("outbox").display().to_string(),
-    );
-    let mut gateway = tests::Service::start("gateway", "gateway-lite", &[], env, stack.dir.path())
-        .unwrap_or_else(|e| panic!("{e}"));
-    let status = gateway
-        .wait_exit(std::time::Duration::from_secs(30))
-        .await
-        .expect("the gateway exits");
-    assert!(!status.success());
-    let log = gateway.log_text();
-    assert!(
-        log.contains("GATEWAY_TENANTS_FILE") && log.contains("billing-api tenants apply"),
-        "{log}"
-    );
-}

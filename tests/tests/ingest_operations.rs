@@ -494,12 +494,13 @@ async fn a_conflicts_stored_version_is_the_first_event_as_canonical_json() {
     assert_eq!(open.len(), 2);
 }
 
-/// The dead letters the README names (a `` `name` dead letter ``) are named
-/// as ingest stores them: a re-run answered under an id already billed, and
-/// a message of an unknown tenant, go through ingest's transaction here, and
-/// every name the README gives a dead letter is one of the codes stored.
+/// The dead letters the manual (the README and `docs/`) names (a `` `name`
+/// dead letter ``) are named as ingest stores them: a re-run answered under
+/// an id already billed, and a message of an unknown tenant, go through
+/// ingest's transaction here, and every name the manual gives a dead letter
+/// is one of the codes stored.
 #[tokio::test]
-async fn the_readme_names_dead_letters_by_the_code_ingest_stores() {
+async fn the_manual_names_dead_letters_by_the_code_ingest_stores() {
     let fresh_db = tests::stack::fresh_database("dead_letter_names").await;
     let pool = fresh_db.pool.clone();
     add_tenant(&pool, "acme-corp").await;
@@ -521,21 +522,31 @@ async fn the_readme_names_dead_letters_by_the_code_ingest_stores() {
     let stored: Vec<String> = stored.into_iter().map(|(c,)| c).collect();
     assert_eq!(stored, ["conflict", "unknown_tenant"]);
 
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let text = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    let manual: String = [
+        "README.md",
+        "docs/architecture.md",
+        "docs/operations.md",
+        "docs/billing.md",
+    ]
+    .iter()
+    .map(|file| {
+        std::fs::read_to_string(format!("{}/../{file}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    })
+    .collect::<Vec<_>>()
+    .join("\n");
+    let text = manual.split_whitespace().collect::<Vec<_>>().join(" ");
     let named: Vec<&str> = text
         .match_indices("` dead letter")
         .filter_map(|(end, _)| text[..end].rsplit_once('`').map(|(_, name)| name))
         .collect();
     assert!(
         named.contains(&"conflict"),
-        "the README names no `conflict` dead letter"
+        "the manual names no `conflict` dead letter"
     );
     for name in named {
         assert!(
             stored.iter().any(|code| code == name),
-            "the README names a `{name}` dead letter; ingest stores {stored:?}"
+            "the manual names a `{name}` dead letter; ingest stores {stored:?}"
         );
     }
 }

@@ -141,7 +141,7 @@ async fn drill(synchronous_commit: &str) -> Vec<i64> {
             if now == Some((sent, sent, completion))
                 && lag.is_some_and(|(sum, n)| sum == 0.0 && n > 0)
             {
-                // The figure the README quotes for each setting.
+                // The figure docs/architecture.md quotes for each setting.
                 eprintln!(
                     "synchronous_commit={synchronous_commit} round {round}: lost {} of {sent}, \
                      exact and lag 0 again {} ms after the crash",

@@ -183,11 +183,6 @@ async fn every_metrics_endpoint_passes_promtool() {
     let archiver_port = free_port();
     let mut env = stack.env();
     env.extend([
-        ("ARCHIVE_TOPIC".to_owned(), stack.topic.clone()),
-        (
-            "ARCHIVE_GROUP".to_owned(),
-            format!("{}-archiver", stack.group),
-        ),
         (
             "ARCHIVE_URL".to_owned(),
             format!("file://{}", dir.join("archive").display()),

@@ -37,5 +37,6 @@ pub use stored::{StoredRequest, StoredRequestError};
 pub use validate::Violation;
 
 /// The default topic carrying contract v1 (every service reads its topic
-/// from its settings: `GATEWAY_TOPIC`, `INGEST_TOPIC`, `ARCHIVE_TOPIC`).
+/// from its settings: `GATEWAY_TOPIC`, `INGEST_TOPIC`; the archiver follows
+/// Postgres, not the topic).
 pub const TOPIC: &str = "usage.events.v1";

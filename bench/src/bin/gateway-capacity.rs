@@ -1,4 +1,4 @@
-//! Two capacity figures for the README:
+//! Two capacity figures for docs/benchmarks.md:
 //!
 //! 1. The outbox's durable append rate: many concurrent appenders, each
 //!    waiting for its event's flushed group commit (what every request does

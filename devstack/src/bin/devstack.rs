@@ -3,32 +3,9 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use devstack::cli::{Cli, Command};
 use devstack::stack::StackDir;
-
-/// The local Meterline stack: Postgres, the Nisshi broker, Redis.
-#[derive(Parser)]
-struct Cli {
-    /// The checkout whose `.stack/` holds the state (default: the current directory).
-    #[arg(long, env = "METERLINE_ROOT", default_value = ".")]
-    root: std::path::PathBuf,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Start what is missing (safe to run again) and write .stack/env.
-    Up,
-    /// Stop what `up` started (never the machine's own servers).
-    Down,
-    /// One line per component; exit 1 if something is not running.
-    Status,
-    /// Print .stack/env (source it: `. .stack/env`).
-    Env,
-    /// Print the path of the broker binary, building it once if needed.
-    NisshiPath,
-}
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -23,7 +23,7 @@ pub struct ArchiverConfig {
     /// usual `AWS_*` variables).
     #[arg(long, env = "ARCHIVE_URL", default_value = ".stack/archive")]
     pub url: String,
-    /// At most this many rows per batch.
+    /// At most this many queued rows per batch.
     #[arg(long, env = "ARCHIVE_MAX_BATCH", default_value_t = 100_000)]
     pub max_batch: usize,
     /// After a batch that did not fill (or an empty queue), wait this many
@@ -62,6 +62,17 @@ pub struct ArchiverConfig {
         hide = true
     )]
     pub crash_in_compaction: u64,
+    /// The archiver follows `archive_queue` in Postgres, filled by ingest
+    /// in the transaction that stores each request; it reads no topic.
+    #[arg(long, env = "ARCHIVE_TOPIC", hide = true, help_heading = serving::retired::HEADING)]
+    pub retired_topic: Option<String>,
+    /// The archiver follows `archive_queue` in Postgres and joins no
+    /// consumer group.
+    #[arg(long, env = "ARCHIVE_GROUP", hide = true, help_heading = serving::retired::HEADING)]
+    pub retired_group: Option<String>,
+    /// A batch is bounded by `ARCHIVE_MAX_BATCH` queued rows alone.
+    #[arg(long, env = "ARCHIVE_MAX_BYTES", hide = true, help_heading = serving::retired::HEADING)]
+    pub retired_max_bytes: Option<String>,
 }
 
 impl ArchiverConfig {

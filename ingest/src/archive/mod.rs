@@ -6,6 +6,7 @@
 //! `archive` crate), vacuums the queue after draining it, compacts closed
 //! hours and collects retired files and orphans after their grace period.
 
+pub mod cli;
 pub mod config;
 pub mod service;
 pub mod telemetry;

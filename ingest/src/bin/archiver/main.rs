@@ -1,35 +1,9 @@
 use std::process::ExitCode;
 
 use chrono::Utc;
-use clap::{Parser, Subcommand};
-use ingest::archive::ArchiverConfig;
+use ingest::archive::cli::{Cli, Command};
 use ingest::session::println_json;
 use serving::shutdown_signal;
-
-/// Meterline archiver: billed usage (what ingest committed to request_log)
-/// into Parquet files listed in a Postgres manifest, each request once.
-#[derive(Parser)]
-#[command(version)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
-    #[command(flatten)]
-    config: ArchiverConfig,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Archive until SIGTERM or Ctrl-C (the default).
-    Run,
-    /// Check the files against the manifest and request_log; list orphans.
-    /// Prints a JSON report; exits 1 on a missing, altered or doubled file
-    /// or row, or a request_log row neither queued nor archived.
-    Verify,
-    /// Delete retired files and orphans older than ARCHIVE_GC_GRACE_SECS.
-    Gc,
-    /// Compact every hour whose end is ARCHIVE_COMPACT_SETTLE_SECS old, once.
-    Compact,
-}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -51,7 +25,7 @@ async fn run() -> anyhow::Result<ExitCode> {
         // Logs to stderr: `verify`, `gc` and `compact` print JSON on stdout.
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli: Cli = serving::retired::parse()?;
     let config = cli.config;
     let command = cli.command.unwrap_or(Command::Run);
     if matches!(command, Command::Run) {
