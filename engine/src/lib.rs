@@ -30,6 +30,8 @@
 //!   OpenAI-compatible server such as vLLM over HTTP, with GPU time derived
 //!   from wall time when the server reports none
 //! - [`identity`]: the signed tenant identity a gateway forwards to an engine
+//! - [`wire`]: a simulated completion as `openai_wire` types (the OpenAI
+//!   wire format itself is the `openai-wire` crate)
 //! - [`error`]: the crate's error enum and its HTTP status codes
 //!
 //! Invariants:
@@ -51,7 +53,6 @@ pub mod histogram;
 pub mod identity;
 pub mod kv;
 pub mod metrics;
-pub mod openai;
 pub mod prefix_cache;
 pub mod profile;
 pub mod replica;
@@ -62,6 +63,7 @@ pub mod server;
 pub mod simulator;
 pub mod tokenizer;
 pub mod upstream;
+pub mod wire;
 
 pub use error::EngineError;
 pub use profile::ModelProfile;

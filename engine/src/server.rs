@@ -39,9 +39,11 @@ use tokio::net::TcpListener;
 
 use crate::error::EngineError;
 use crate::identity::{self, Secret};
-use crate::openai::{ChatCompletion, ChatRequest, ChunkStream, ErrorBody, Meterline};
+use openai_wire::{ChatRequest, ChunkStream, ErrorBody};
+
 use crate::simulator::{CompletionRequest, Generation, Piece, Simulator};
 use crate::simulator::{GpuTimeReadings, GPU_TIME_PATH};
+use crate::wire;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -207,8 +209,8 @@ async fn completions(
     let generation = sim.start(&creq, req.streams()).await?;
     if !req.streams() {
         let done = generation.finish().await?;
-        let mut body = ChatCompletion::of(id, created, req.model, &done);
-        body.meterline = Some(Meterline::of(&done));
+        let mut body = wire::chat_completion(id, created, req.model, &done);
+        body.meterline = Some(wire::meterline(&done));
         return Ok(Json(body).into_response());
     }
     let state = SseState {
@@ -235,10 +237,10 @@ async fn completions(
                     st.push(chunk.to_json());
                 }
                 Ok(Piece::Done(done)) => {
-                    st.push(st.chunks.finish(&done).to_json());
+                    st.push(st.chunks.finish(wire::finish_reason(&done)).to_json());
                     if st.chunks.include_usage {
-                        let mut last = st.chunks.usage(&done);
-                        last.meterline = Some(Meterline::of(&done));
+                        let mut last = st.chunks.usage(wire::usage(&done));
+                        last.meterline = Some(wire::meterline(&done));
                         st.push(last.to_json());
                     }
                     st.pending.push_back(Event::default().data("[DONE]"));

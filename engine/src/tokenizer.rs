@@ -60,6 +60,38 @@ pub fn block_hashes(version: &str, tokens: &[u32]) -> Vec<u64> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
+    fn parse(body: &str) -> openai_wire::ChatRequest {
+        serde_json::from_str(body).unwrap()
+    }
+
+    /// What the simulator counts of a request with content parts.
+    #[test]
+    fn images_and_audio_cost_their_fixed_tokens() {
+        let text = "Describe this picture";
+        let plain = parse(
+            &json!({"model": "m", "messages": [{"role": "user", "content": text}]}).to_string(),
+        );
+        let parts = parse(
+            &json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": text},
+                {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+                {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}
+            ]}]})
+            .to_string(),
+        );
+        let count = |r: &openai_wire::ChatRequest| super::count(&r.prompt());
+        assert_eq!(
+            count(&parts),
+            count(&plain) + openai_wire::IMAGE_PART_TOKENS + openai_wire::AUDIO_PART_TOKENS + 2,
+            "the text, each part's fixed cost, and the two newlines between parts"
+        );
+        // A text part counts like the same string content.
+        let one_part = parse(&json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}).to_string());
+        assert_eq!(count(&one_part), count(&plain));
+    }
+
     #[test]
     fn equal_prefixes_hash_equal_and_versions_differ() {
         let a: Vec<u32> = (0..40).collect();

@@ -5,8 +5,8 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::openai::{ErrorBody, GENERIC_SERVER_ERROR};
 use engine::EngineError;
+use openai_wire::{ErrorBody, GENERIC_SERVER_ERROR};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {

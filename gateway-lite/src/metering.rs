@@ -33,9 +33,9 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use engine::openai::{ChatCompletion, ChunkStream};
 use engine::upstream::{Generation, ModelInfo};
 use engine::{Completion, CompletionRequest, EngineError, Piece};
+use openai_wire::ChunkStream;
 use rust_decimal::Decimal;
 use tokio::sync::{mpsc, oneshot};
 use usage_contract::{FinishReason, Placement, RequestId, UsageEvent, SCHEMA_VERSION};
@@ -186,7 +186,7 @@ impl Run {
                 return;
             }
         };
-        let body = ChatCompletion::of(
+        let body = engine::wire::chat_completion(
             self.chat_id(),
             self.started_at.timestamp(),
             self.model.clone(),
@@ -403,9 +403,11 @@ impl Run {
         transcript: Option<Vec<u8>>,
         tx: mpsc::Sender<Bytes>,
     ) {
-        let mut tail = vec![sse(&chunks.finish(&done).to_json())];
+        let mut tail = vec![sse(&chunks
+            .finish(engine::wire::finish_reason(&done))
+            .to_json())];
         if chunks.include_usage {
-            tail.push(sse(&chunks.usage(&done).to_json()));
+            tail.push(sse(&chunks.usage(engine::wire::usage(&done)).to_json()));
         }
         tail.push(sse("[DONE]"));
         let answer = transcript.map(|mut t| {

@@ -10,7 +10,7 @@ use tests::TestStack;
 
 const KEY: &str = "sk-test-openai-wire-0001";
 const MODEL: &str = "llama-3.1-8b";
-/// `engine::openai::IMAGE_PART_TOKENS`.
+/// `openai_wire::IMAGE_PART_TOKENS`.
 const IMAGE_PART_TOKENS: i64 = 85;
 
 async fn post(url: &str, body: &Value) -> (u16, Value) {

@@ -34,7 +34,6 @@ use serde_json::{json, Value};
 use crate::attribution::to_gpu_seconds;
 use crate::error::EngineError;
 use crate::identity::{self, Secret, Signer};
-use crate::openai::{ErrorBody, Meterline, Usage};
 use crate::scheduler::ServiceClass;
 use crate::simulator::{Completion, CompletionRequest, GpuTimeReadings, Piece, GPU_TIME_PATH};
 use crate::tokenizer;
@@ -43,6 +42,7 @@ use crate::upstream::floors::FloorShare;
 use crate::upstream::ledger::{Ledger, Share, SharedLedger, SHARED_GROW_EVERY};
 use crate::upstream::occupancy::{self, Occupancy};
 use crate::upstream::{GpuTime, RemoteModel};
+use openai_wire::{ErrorBody, Meterline, Usage};
 
 type Events = Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send>>;
 

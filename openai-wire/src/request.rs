@@ -614,29 +614,4 @@ mod tests {
         );
         assert_eq!(with(json!({"stream": false, "stream_options": null})), None);
     }
-
-    #[test]
-    fn images_and_audio_cost_their_fixed_tokens() {
-        let text = "Describe this picture";
-        let plain = parse(
-            &json!({"model": "m", "messages": [{"role": "user", "content": text}]}).to_string(),
-        );
-        let parts = parse(
-            &json!({"model": "m", "messages": [{"role": "user", "content": [
-                {"type": "text", "text": text},
-                {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
-                {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "mp3"}}
-            ]}]})
-            .to_string(),
-        );
-        let count = |r: &ChatRequest| crate::tokenizer::count(&r.prompt());
-        assert_eq!(
-            count(&parts),
-            count(&plain) + IMAGE_PART_TOKENS + AUDIO_PART_TOKENS + 2,
-            "the text, each part's fixed cost, and the two newlines between parts"
-        );
-        // A text part counts like the same string content.
-        let one_part = parse(&json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}).to_string());
-        assert_eq!(count(&one_part), count(&plain));
-    }
 }

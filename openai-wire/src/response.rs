@@ -11,8 +11,6 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::simulator::Completion;
-
 pub const COMPLETION_OBJECT: &str = "chat.completion";
 pub const CHUNK_OBJECT: &str = "chat.completion.chunk";
 
@@ -98,9 +96,9 @@ pub enum FinishReason {
 }
 
 impl FinishReason {
-    /// How the engine's completion ended.
-    pub fn of(done: &Completion) -> Self {
-        if done.length_capped {
+    /// `length` when the output cap cut the completion, else `stop`.
+    pub fn of_capped(length_capped: bool) -> Self {
+        if length_capped {
             Self::Length
         } else {
             Self::Stop
@@ -126,14 +124,15 @@ pub struct PromptTokensDetails {
 }
 
 impl Usage {
-    /// The engine's own token counts.
-    pub fn of(done: &Completion) -> Self {
+    /// The usage of a completion's token counts, the total and the cached
+    /// prompt tokens included.
+    pub fn of_counts(prompt_tokens: u64, cached_tokens: u64, completion_tokens: u64) -> Self {
         Self {
-            prompt_tokens: done.prompt_tokens,
-            completion_tokens: done.completion_tokens,
-            total_tokens: done.prompt_tokens + done.completion_tokens,
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
             prompt_tokens_details: Some(PromptTokensDetails {
-                cached_tokens: Some(done.cached_tokens),
+                cached_tokens: Some(cached_tokens),
             }),
         }
     }
@@ -170,24 +169,16 @@ pub struct Meterline {
     pub total_ms: Option<u64>,
 }
 
-impl Meterline {
-    pub fn of(done: &Completion) -> Self {
-        Self {
-            gpu_seconds: done.gpu_seconds,
-            preempted_gpu_seconds: done.preempted_gpu_seconds,
-            model_version: Some(done.model_version.clone()),
-            replica_id: Some(done.replica_id.clone()),
-            preemptions: done.preemptions,
-            dedicated_to: done.dedicated_to.clone(),
-            ttft_ms: Some(done.ttft.as_millis() as u64),
-            total_ms: Some(done.total.as_millis() as u64),
-        }
-    }
-}
-
 impl ChatCompletion {
-    /// The answer of a completed generation.
-    pub fn of(id: String, created: i64, model: String, done: &Completion) -> Self {
+    /// The answer of a completed generation: one choice with its text.
+    pub fn answer(
+        id: String,
+        created: i64,
+        model: String,
+        text: String,
+        finish_reason: FinishReason,
+        usage: Usage,
+    ) -> Self {
         Self {
             id,
             object: COMPLETION_OBJECT.to_owned(),
@@ -197,12 +188,12 @@ impl ChatCompletion {
                 index: 0,
                 message: AssistantMessage {
                     role: "assistant".to_owned(),
-                    content: Some(done.text.clone()),
+                    content: Some(text),
                     tool_calls: None,
                 },
-                finish_reason: Some(FinishReason::of(done)),
+                finish_reason: Some(finish_reason),
             }],
-            usage: Some(Usage::of(done)),
+            usage: Some(usage),
             meterline: None,
         }
     }
@@ -249,20 +240,20 @@ impl ChunkStream {
     }
 
     /// The chunk with an empty delta and the finish reason.
-    pub fn finish(&self, done: &Completion) -> ChatCompletionChunk {
+    pub fn finish(&self, reason: FinishReason) -> ChatCompletionChunk {
         self.chunk(
             vec![ChunkChoice {
                 index: 0,
                 delta: Delta::default(),
-                finish_reason: Some(FinishReason::of(done)),
+                finish_reason: Some(reason),
             }],
             None,
         )
     }
 
     /// The last chunk of `include_usage`: empty `choices`, the usage.
-    pub fn usage(&self, done: &Completion) -> ChatCompletionChunk {
-        self.chunk(Vec::new(), Some(Usage::of(done)))
+    pub fn usage(&self, usage: Usage) -> ChatCompletionChunk {
+        self.chunk(Vec::new(), Some(usage))
     }
 }
 
@@ -324,21 +315,6 @@ mod tests {
 
     #[test]
     fn with_include_usage_every_chunk_has_a_usage_key() {
-        let done = Completion {
-            model_version: "v".into(),
-            text: "a".into(),
-            prompt_tokens: 3,
-            cached_tokens: 0,
-            completion_tokens: 1,
-            length_capped: false,
-            ttft: std::time::Duration::ZERO,
-            total: std::time::Duration::ZERO,
-            gpu_seconds: Decimal::ZERO,
-            preempted_gpu_seconds: Decimal::ZERO,
-            preemptions: 0,
-            replica_id: "r".into(),
-            dedicated_to: None,
-        };
         let stream = |include_usage| ChunkStream {
             id: "c".into(),
             created: 0,
@@ -350,10 +326,11 @@ mod tests {
         assert!(with.as_object().unwrap().contains_key("usage"));
         let without = serde_json::to_value(stream(false).token("a", true)).unwrap();
         assert!(!without.as_object().unwrap().contains_key("usage"));
-        let last = serde_json::to_value(stream(true).usage(&done)).unwrap();
+        let last = serde_json::to_value(stream(true).usage(Usage::of_counts(3, 0, 1))).unwrap();
         assert_eq!(last["usage"]["total_tokens"], 4);
         assert_eq!(last["choices"], json!([]));
-        let finish = serde_json::to_value(stream(true).finish(&done)).unwrap();
+        let finish =
+            serde_json::to_value(stream(true).finish(FinishReason::of_capped(false))).unwrap();
         assert_eq!(finish["choices"][0]["delta"], json!({}));
         assert_eq!(finish["choices"][0]["finish_reason"], "stop");
     }

@@ -1,6 +1,8 @@
-//! The OpenAI chat-completions wire format, defined once: what the engine's
-//! own HTTP server and the gateway read and write, and what the HTTP
-//! upstream client reads back from vLLM or the engine.
+//! The OpenAI chat-completions wire format, defined once, on the ground
+//! floor (as `usage-contract` is for the topic): what the engine's own HTTP
+//! server and the gateway read and write, and what the HTTP upstream client
+//! reads back from vLLM or the engine. It imports nothing of the simulator;
+//! the engine turns a simulated completion into these types itself.
 //!
 //! Layout:
 //! - [`request`]: the request as it arrives (`POST /v1/chat/completions`)
