@@ -26,9 +26,6 @@
 //! - [`metrics`]: Prometheus exposition under vLLM's names
 //! - [`server`]: the OpenAI-compatible HTTP API (`engine` binary, port 8081),
 //!   with its replicas' GPU time so far for the gateway that reports them
-//! - [`upstream`]: which engine serves a model — the simulator in process or an
-//!   OpenAI-compatible server such as vLLM over HTTP, with GPU time derived
-//!   from wall time when the server reports none
 //! - [`identity`]: the signed tenant identity a gateway forwards to an engine
 //! - [`wire`]: a simulated completion as `openai_wire` types (the OpenAI
 //!   wire format itself is the `openai-wire` crate)
@@ -62,7 +59,6 @@ pub mod scheduler;
 pub mod server;
 pub mod simulator;
 pub mod tokenizer;
-pub mod upstream;
 pub mod wire;
 
 pub use error::EngineError;

@@ -3,7 +3,7 @@
 //!
 //! The arithmetic is the same whatever the pool counts in — KV bytes for a
 //! simulated pool ([`crate::pool`]), KV tokens for a pool of HTTP replicas
-//! (`engine::upstream`) — so it lives here once. The router counts every
+//! (`admission::upstream`) — so it lives here once. The router counts every
 //! tenant's KV in flight (what it placed and has not seen end). A request
 //! within its tenant's floor is placed by the replica rule alone (for a
 //! reserved-class tenant: below 92% on some replica, else refused — the

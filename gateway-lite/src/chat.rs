@@ -20,14 +20,14 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use usage_contract::RequestId;
 
-use crate::admission_queue;
 use crate::error::GatewayError;
 use crate::idempotency::{self, Begin, Stored};
-use crate::limits;
 use crate::metering::{now_ms, Run};
 use crate::state::AppState;
 use crate::telemetry;
 use crate::tenants::Caller;
+use admission::admission_queue;
+use admission::limits;
 
 /// SSE frames buffered towards a slow client before the stream waits.
 const STREAM_BUFFER: usize = 64;
@@ -294,7 +294,7 @@ async fn handle(
         tenant: &caller.tenant_id,
         priority: caller.priority,
         depth: 0,
-        lent_only: caller.priority < crate::preemption::PREEMPTOR_PRIORITY,
+        lent_only: caller.priority < admission::preemption::PREEMPTOR_PRIORITY,
     };
     let preempts = !preemptor.lent_only || owns_replicas;
     let mut preempt_at = preempts.then(|| arrived + budget / 2);

@@ -40,7 +40,7 @@ pub struct GatewayConfig {
     #[arg(long, env = "GATEWAY_TENANTS_FILE", hide = true, help_heading = serving::retired::HEADING)]
     pub tenants_file: Option<PathBuf>,
     /// Models served by OpenAI-compatible servers such as vLLM (YAML; see
-    /// `engine::upstream`). Models not listed run on the built-in simulator.
+    /// `admission::upstream`). Models not listed run on the built-in simulator.
     #[arg(long, env = "GATEWAY_UPSTREAMS")]
     pub upstreams_file: Option<PathBuf>,
     /// How often keys are reloaded from Postgres, in milliseconds: how soon
@@ -177,8 +177,8 @@ impl GatewayConfig {
     }
 
     /// The gateway-wide request rate, if any.
-    pub fn global_rate(&self) -> Option<crate::limits::RequestRate> {
-        (self.global_rps > 0).then_some(crate::limits::RequestRate {
+    pub fn global_rate(&self) -> Option<admission::limits::RequestRate> {
+        (self.global_rps > 0).then_some(admission::limits::RequestRate {
             per_second: self.global_rps,
             burst: self.global_burst,
         })

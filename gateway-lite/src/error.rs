@@ -68,7 +68,7 @@ pub enum GatewayError {
     HeldForFloors(String),
     /// Over a per-key or per-tenant limit (429, never mixed up with 503).
     #[error("{}", .0.message)]
-    RateLimited(crate::limits::Rejected),
+    RateLimited(admission::limits::Rejected),
     /// The request ran past GATEWAY_REQUEST_TIMEOUT_SECS (504).
     #[error(
         "the request did not finish within {} s (GATEWAY_REQUEST_TIMEOUT_SECS); it was stopped and billed for the tokens it produced",
@@ -193,12 +193,12 @@ impl IntoResponse for GatewayError {
         let retry_after = match &self {
             Self::NoCapacity(detail) | Self::HeldForFloors(detail) => {
                 tracing::warn!(detail = %detail, "engine has no capacity");
-                Some(crate::limits::RetryAfter::no_capacity())
+                Some(admission::limits::RetryAfter::no_capacity())
             }
-            Self::RateLimited(r) => Some(crate::limits::RetryAfter::rate_limited(r.wait)),
-            Self::RetryBudget => Some(crate::limits::RetryAfter::no_capacity()),
+            Self::RateLimited(r) => Some(admission::limits::RetryAfter::rate_limited(r.wait)),
+            Self::RetryBudget => Some(admission::limits::RetryAfter::no_capacity()),
             Self::QueueFull { .. } | Self::QueueTimeout(_) => Some(
-                crate::limits::RetryAfter::rate_limited(std::time::Duration::from_secs(1)),
+                admission::limits::RetryAfter::rate_limited(std::time::Duration::from_secs(1)),
             ),
             _ => None,
         };

@@ -54,8 +54,8 @@ use redis::Script;
 use sha2::{Digest, Sha256};
 use usage_contract::RequestId;
 
-use crate::cluster::Cluster;
 use crate::outbox::{Outbox, OutboxError};
+use admission::cluster::Cluster;
 
 /// How long a key is remembered (in this gateway's outbox, and by default
 /// in Redis: `GATEWAY_IDEMPOTENCY_SHARED_TTL_SECS`).
@@ -321,11 +321,11 @@ impl Idempotency {
                     .arg(self.cluster.alive_key(""))
                     .arg(self.shared_ttl.as_millis() as u64)
                     .arg(if may_retry { "1" } else { "0" });
-                crate::telemetry::redis_call("idempotency");
+                admission::telemetry::redis_call("idempotency");
                 let reply: Result<Vec<redis::Value>, _> = match call.invoke_async(&mut conn).await {
                     // Redis restarted: once more, on a new connection.
                     Err(e) if e.is_connection_dropped() => {
-                        crate::telemetry::redis_call("idempotency");
+                        admission::telemetry::redis_call("idempotency");
                         call.invoke_async(&mut conn).await
                     }
                     other => other,
@@ -409,7 +409,7 @@ impl Idempotency {
         let Some(mut conn) = self.cluster.conn() else {
             return;
         };
-        crate::telemetry::redis_call("idempotency");
+        admission::telemetry::redis_call("idempotency");
         let mut call = self.scripts.finish.key(claim);
         let state = match answer {
             None => "failed",
@@ -443,7 +443,7 @@ impl Idempotency {
         let Some(mut conn) = self.cluster.conn() else {
             return;
         };
-        crate::telemetry::redis_call("idempotency");
+        admission::telemetry::redis_call("idempotency");
         let result = self
             .scripts
             .release

@@ -16,24 +16,15 @@
 //! - Tokens charged against a per-minute limit at admission are reconciled
 //!   with the actual count when the request ends.
 //!
+//! Whether, where and when a request runs — limits, the fair queue, the
+//! ladder, preemption, floors, the HTTP upstreams — is the `admission`
+//! crate's; the gateway asks it and meters what runs.
+//!
 //! Layout:
 //! - [`chat`]: the `/v1` handlers (validation, idempotency, admission)
 //! - [`metering`]: an admitted request until its one usage event (streaming too)
-//! - [`admission_queue`]: requests wait for a simulated model's capacity in
-//!   its fair queue (`GATEWAY_QUEUE=on`)
-//! - [`ladder`]: each priority's share of its rate under saturation and SLO
-//!   pressure (`GATEWAY_QUEUE=on`)
-//! - [`preemption`]: a waiting priority-5 request preempts the lowest
-//!   non-streaming request in flight, which re-queues (delay, not failure)
-//! - [`limits`]: requests/min and tokens/min per key and model, requests/s,
-//!   concurrency and KV·seconds per tenant — shared by every gateway
-//! - [`cluster`]: the Redis the gateways share, their liveness, the limits' mode
-//! - [`retry_budget`]: retries shed first when they exceed 20% of the minute
-//! - [`gpu_ledger`]: one GPU-time ledger per HTTP replica for every gateway
-//! - [`tpot`]: recent time per output token, for the KV·seconds estimate
 //! - [`idempotency`]: `Idempotency-Key` replays and conflicts, across gateways
 //! - [`tenants`]: key hashes → callers and their limits, refreshed in the background
-//! - [`floors`]: the tenants' reserved floors on its model pools (simulated and HTTP)
 //! - [`outbox`]: the durable local queue (redb, group commit)
 //! - [`relay`]: outbox → Kafka with the idempotent producer
 //! - [`replica_reports`]: the busy and idle GPU time of this gateway's
@@ -42,29 +33,20 @@
 //! - [`state`]: what every handler shares
 //! - [`service`], [`config`], [`error`], [`telemetry`]: the process around it
 
-pub mod admission_queue;
 pub mod chat;
 pub mod cli;
-pub mod cluster;
 pub mod config;
 pub mod error;
-pub mod floors;
-pub mod gpu_ledger;
 pub mod idempotency;
-pub mod ladder;
-pub mod limits;
 pub mod metering;
 pub mod outbox;
-pub mod preemption;
 pub mod readiness;
 pub mod relay;
 pub mod replica_reports;
-pub mod retry_budget;
 pub mod service;
 pub mod state;
 pub mod telemetry;
 pub mod tenants;
-pub mod tpot;
 
 pub use config::GatewayConfig;
 pub use error::GatewayError;

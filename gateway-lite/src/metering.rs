@@ -17,7 +17,7 @@
 //!   and `data: [DONE]` are sent.
 //!
 //! A non-streaming request of a queued model may be **preempted**
-//! ([`crate::preemption`]): its generation is cancelled at the engine, the
+//! ([`admission::preemption`]): its generation is cancelled at the engine, the
 //! GPU time it used is kept as thrown away (`preempted_gpu_seconds`, also
 //! part of `gpu_seconds`), and it runs again after waiting in its queue
 //! at its own priority; its client only waits longer. The one event it
@@ -31,9 +31,9 @@
 
 use std::time::Instant;
 
+use admission::upstream::{Generation, ModelInfo};
 use axum::body::Bytes;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use engine::upstream::{Generation, ModelInfo};
 use engine::{Completion, CompletionRequest, EngineError, Piece};
 use openai_wire::ChunkStream;
 use rust_decimal::Decimal;
@@ -42,9 +42,9 @@ use usage_contract::{FinishReason, Placement, RequestId, UsageEvent, SCHEMA_VERS
 
 use crate::error::GatewayError;
 use crate::idempotency::{Guard, Stored};
-use crate::limits::Permit;
 use crate::state::AppState;
 use crate::tenants::Caller;
+use admission::limits::Permit;
 
 /// One admitted request; see the module docs.
 pub struct Run {
@@ -225,10 +225,10 @@ impl Run {
 
     /// Registers a running attempt as preemptible, if this request can be
     /// preempted at all.
-    fn register(&self, generation: &Generation) -> Option<crate::preemption::Registration> {
+    fn register(&self, generation: &Generation) -> Option<admission::preemption::Registration> {
         self.requeue.as_ref()?;
         let preemptions = self.state.queues.as_ref()?.preemptions(&self.model)?;
-        Some(preemptions.register(crate::preemption::Run {
+        Some(preemptions.register(admission::preemption::Run {
             model: &self.model,
             replica: generation.replica_id()?,
             owner: generation.dedicated_to(),
@@ -244,7 +244,7 @@ impl Run {
     async fn run_again(
         &mut self,
         generation: Generation,
-        p: crate::preemption::Preempted,
+        p: admission::preemption::Preempted,
     ) -> Result<Generation, GatewayError> {
         match generation.cancel().await {
             Ok(used) => self.lost.gpu_seconds += used.gpu_seconds,
@@ -267,7 +267,7 @@ impl Run {
         };
         // Its room is free now: the next in line (the preemptor) may start.
         queues.wake(&self.model);
-        let deadline = Instant::now() + crate::admission_queue::MAX_WAIT;
+        let deadline = Instant::now() + admission::admission_queue::MAX_WAIT;
         let mut preempted_for_it = false;
         loop {
             match self.state.engine.start(&requeue.request, false).await {
@@ -292,7 +292,7 @@ impl Run {
             queues
                 .wait(&self.model, &self.caller, requeue.cost_gpu_micros, left)
                 .await
-                .map_err(|_| GatewayError::QueueTimeout(crate::admission_queue::MAX_WAIT))?;
+                .map_err(|_| GatewayError::QueueTimeout(admission::admission_queue::MAX_WAIT))?;
         }
     }
 
@@ -603,8 +603,8 @@ impl Run {
 
 /// Resolves when the registered attempt is preempted; never without one.
 async fn preempted(
-    registration: &mut Option<crate::preemption::Registration>,
-) -> crate::preemption::Preempted {
+    registration: &mut Option<admission::preemption::Registration>,
+) -> admission::preemption::Preempted {
     match registration {
         Some(r) => r.preempted().await,
         None => std::future::pending().await,

@@ -5,29 +5,29 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use admission::upstream::{self, Upstreams};
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
-use engine::upstream::{self, Upstreams};
 use engine::Simulator;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 use usage_contract::RequestId;
 
-use crate::cluster::Cluster;
 use crate::config::{GatewayConfig, LimitsMode};
 use crate::error::GatewayError;
 use crate::idempotency::Idempotency;
-use crate::limits::Limiter;
 use crate::outbox::Outbox;
 use crate::readiness::Readiness;
 pub use crate::state::AppState;
 use crate::tenants::Registry;
 use crate::{chat, relay, telemetry};
+use admission::cluster::Cluster;
+use admission::limits::Limiter;
 
 /// How long shutdown waits for admitted requests to finish.
 const RUN_GRACE: Duration = Duration::from_secs(30);
@@ -86,7 +86,7 @@ pub fn app(state: AppState, metrics: Option<PrometheusHandle>) -> Router {
                         .collect();
                     if let (Some(ledger), false) = (ledger, replicas.is_empty()) {
                         if let Some(figures) = ledger.figures(&replicas).await {
-                            text.push_str(&crate::gpu_ledger::render(&engine, &figures));
+                            text.push_str(&admission::gpu_ledger::render(&engine, &figures));
                         }
                     }
                     text
@@ -162,15 +162,16 @@ pub async fn run(
         LimitsMode::Local => Cluster::local(&config.gateway_id),
     };
     // Several gateways in front of one HTTP replica: one ledger for its GPU time.
-    let gpu_ledger = crate::gpu_ledger::RedisLedger::new(cluster.clone());
-    let shared_ledger: Option<Arc<dyn engine::upstream::ledger::SharedLedger>> = match config.limits
-    {
-        LimitsMode::Shared => Some(Arc::new(gpu_ledger.clone())),
-        LimitsMode::Local => None,
-    };
+    let gpu_ledger = admission::gpu_ledger::RedisLedger::new(cluster.clone());
+    let shared_ledger: Option<Arc<dyn admission::upstream::ledger::SharedLedger>> =
+        match config.limits {
+            LimitsMode::Shared => Some(Arc::new(gpu_ledger.clone())),
+            LimitsMode::Local => None,
+        };
     let upstreams = Upstreams::with_shared_ledger(simulator, remote, shared_ledger)
         .map_err(|e| GatewayError::Config(format!("GATEWAY_UPSTREAMS {e}")))?;
-    let floors = crate::floors::Floors::new(upstreams.floors_setter(), config.floor_limit_bp()?);
+    let floors =
+        admission::floors::Floors::new(upstreams.floors_setter(), config.floor_limit_bp()?);
     floors.apply(registry.floors());
     registry.spawn_refresh(
         pool.clone(),
@@ -187,7 +188,7 @@ pub async fn run(
         tracing::info!(model = %m.name, remote = m.remote, replica = %m.replica_id, "serving model");
     }
     let fair = config.queue == crate::config::Switch::On;
-    let ladder = fair.then(crate::ladder::Ladder::new);
+    let ladder = fair.then(admission::ladder::Ladder::new);
     let mut limiter = Limiter::new(config.global_rate(), cluster.clone());
     if let Some(ladder) = &ladder {
         limiter = limiter.with_ladder(ladder.clone());
@@ -208,7 +209,7 @@ pub async fn run(
     let reaper = (config.limits == LimitsMode::Shared && !remote_models.is_empty()).then(|| {
         let gpu_ledger = reaping;
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(crate::cluster::RENEW_EVERY);
+            let mut tick = tokio::time::interval(admission::cluster::RENEW_EVERY);
             loop {
                 tick.tick().await;
                 gpu_ledger.reap().await;
@@ -223,7 +224,7 @@ pub async fn run(
         speedup: config.engine_speedup,
         request_timeout: config.request_timeout(),
         limiter: limiter.clone(),
-        tpot: crate::tpot::Tpot::default(),
+        tpot: admission::tpot::Tpot::default(),
         retry_budget: Arc::default(),
         idempotency: Idempotency::new(outbox.clone(), cluster.clone())
             .with_shared_ttl(Duration::from_secs(config.idempotency_shared_ttl_secs)),
@@ -231,7 +232,7 @@ pub async fn run(
         readiness: Readiness::default(),
         gpu_ledger: (config.limits == LimitsMode::Shared).then(|| gpu_ledger.clone()),
         slo: Arc::default(),
-        queues: fair.then(|| crate::admission_queue::Queues::new(served, config.queue_depth)),
+        queues: fair.then(|| admission::admission_queue::Queues::new(served, config.queue_depth)),
         ladder,
     };
     state.spawn_ladder();

@@ -5,14 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::upstream::Upstreams;
+use admission::upstream::Upstreams;
 use tokio_util::task::TaskTracker;
 
 use crate::idempotency::Idempotency;
-use crate::limits::Limiter;
 use crate::outbox::Outbox;
 use crate::readiness::Readiness;
 use crate::tenants::Registry;
+use admission::limits::Limiter;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -25,22 +25,22 @@ pub struct AppState {
     pub request_timeout: Duration,
     pub limiter: Limiter,
     /// Recent TPOT per model, for the KV·seconds estimate.
-    pub tpot: crate::tpot::Tpot,
+    pub tpot: admission::tpot::Tpot,
     /// Retries against admitted traffic over the last minute.
-    pub retry_budget: Arc<crate::retry_budget::RetryBudget>,
+    pub retry_budget: Arc<admission::retry_budget::RetryBudget>,
     pub idempotency: Idempotency,
     /// Every admitted request's task, so shutdown waits until each one has
     /// written its usage event.
     pub runs: TaskTracker,
     /// The GPU-time ledger of HTTP replicas shared by every gateway (none
     /// with `GATEWAY_LIMITS=local`).
-    pub gpu_ledger: Option<crate::gpu_ledger::RedisLedger>,
+    pub gpu_ledger: Option<admission::gpu_ledger::RedisLedger>,
     /// Every tenant's last 60 s of TTFT and end-to-end latency, against its SLO.
     pub slo: Arc<fleet::slo::Windows>,
     /// Each priority's share of its rate (`GATEWAY_QUEUE=on`).
-    pub ladder: Option<crate::ladder::Ladder>,
+    pub ladder: Option<admission::ladder::Ladder>,
     /// The simulated models' fair queues (`GATEWAY_QUEUE=on`).
-    pub queues: Option<crate::admission_queue::Queues>,
+    pub queues: Option<admission::admission_queue::Queues>,
     /// What `/readyz` answers; drained on SIGTERM.
     pub readiness: Readiness,
 }
@@ -57,7 +57,7 @@ impl AppState {
         engine: Arc<Upstreams>,
         outbox: Outbox,
     ) -> Self {
-        let cluster = crate::cluster::Cluster::local(gateway_id);
+        let cluster = admission::cluster::Cluster::local(gateway_id);
         Self {
             registry,
             engine,
@@ -80,7 +80,7 @@ impl AppState {
 }
 
 impl AppState {
-    /// Re-evaluates the ladder every [`crate::ladder::EVERY`] from the
+    /// Re-evaluates the ladder every [`admission::ladder::EVERY`] from the
     /// simulated models' KV snapshots, their queues and the SLO windows
     /// (nothing without a ladder and queues, i.e. without
     /// `GATEWAY_QUEUE=on`).
@@ -88,7 +88,7 @@ impl AppState {
         let (ladder, queues) = (self.ladder.clone()?, self.queues.clone()?);
         let (engine, slo) = (self.engine.clone(), self.slo.clone());
         Some(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(crate::ladder::EVERY);
+            let mut tick = tokio::time::interval(admission::ladder::EVERY);
             loop {
                 tick.tick().await;
                 let models: Vec<(String, usize)> = engine

@@ -8,6 +8,7 @@
 
 use std::fmt::Write as _;
 
+use admission::telemetry::label_value;
 use engine::attribution::to_gpu_seconds;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
@@ -17,9 +18,6 @@ pub const E2E_SECONDS: &str = "gateway_e2e_seconds";
 pub const TTFT_SECONDS: &str = "gateway_ttft_seconds";
 pub const UPSTREAM_BUSY: &str = "gateway_upstream_busy_gpu_seconds_total";
 pub const UPSTREAM_ATTRIBUTED: &str = "gateway_upstream_attributed_gpu_seconds_total";
-pub const UPSTREAM_SHARED_BUSY: &str = "gateway_upstream_shared_busy_gpu_seconds_total";
-pub const UPSTREAM_SHARED_ATTRIBUTED: &str = "gateway_upstream_shared_attributed_gpu_seconds_total";
-pub const UPSTREAM_SHARED_REAPED: &str = "gateway_upstream_shared_reaped_gpu_seconds_total";
 
 /// Bucket bounds of `gateway_e2e_seconds`: from a cached short answer to
 /// the longest request `GATEWAY_REQUEST_TIMEOUT_SECS` allows by default.
@@ -146,7 +144,7 @@ pub fn describe() {
 
 /// The HTTP upstreams' ledgers, read at scrape time (their GPU-seconds:
 /// [`upstream_gpu_seconds`]).
-pub fn upstreams(upstreams: &engine::upstream::Upstreams) {
+pub fn upstreams(upstreams: &admission::upstream::Upstreams) {
     for u in upstreams.remote() {
         let replica = u.config.replica().to_owned();
         let model = u.config.model.clone();
@@ -163,7 +161,7 @@ pub fn upstreams(upstreams: &engine::upstream::Upstreams) {
 /// as Prometheus text to append to the recorder's: busy wall time × GPUs
 /// (the ledger's whole) and what was handed to finished requests (equal to
 /// busy whenever nothing is in flight). Empty without HTTP upstreams.
-pub fn upstream_gpu_seconds(upstreams: &engine::upstream::Upstreams) -> String {
+pub fn upstream_gpu_seconds(upstreams: &admission::upstream::Upstreams) -> String {
     let mut out = String::new();
     let remote = upstreams.remote();
     if remote.is_empty() {
@@ -173,8 +171,8 @@ pub fn upstream_gpu_seconds(upstreams: &engine::upstream::Upstreams) -> String {
         (
             UPSTREAM_BUSY,
             "HTTP upstream replicas: busy wall time times GPUs, in GPU-seconds (the ledger's whole)",
-            (|l: &engine::upstream::ledger::Ledger| l.busy_gpu_micros())
-                as fn(&engine::upstream::ledger::Ledger) -> u64,
+            (|l: &admission::upstream::ledger::Ledger| l.busy_gpu_micros())
+                as fn(&admission::upstream::ledger::Ledger) -> u64,
         ),
         (
             UPSTREAM_ATTRIBUTED,
@@ -194,13 +192,6 @@ pub fn upstream_gpu_seconds(upstreams: &engine::upstream::Upstreams) -> String {
         }
     }
     out
-}
-
-/// A label value escaped for the text format.
-pub fn label_value(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 pub fn record_request(tenant: &str, model: &str, e: &UsageEvent) {
@@ -252,38 +243,6 @@ pub fn slo(windows: &fleet::slo::Windows, now: std::time::Instant) {
             }
         }
     }
-}
-
-/// Requests waiting in `model`'s fair queue.
-pub fn queued(model: &str, depth: usize) {
-    gauge!("gateway_queue_depth", "model" => model.to_owned()).set(depth as f64);
-}
-
-/// The ladder's shares and whether a pool is saturated.
-pub fn ladder(percent: &[u32; 5], saturated: bool) {
-    for (i, p) in percent.iter().enumerate() {
-        gauge!("gateway_priority_rate_percent", "priority" => (i + 1).to_string())
-            .set(f64::from(*p));
-    }
-    gauge!("gateway_pool_saturated").set(if saturated { 1.0 } else { 0.0 });
-}
-
-pub fn limits_mode(mode: &'static str) {
-    for m in ["shared", "local"] {
-        gauge!("gateway_limits_mode", "mode" => m).set(if m == mode { 1.0 } else { 0.0 });
-    }
-}
-
-pub fn peers(n: u32) {
-    gauge!("gateway_peers").set(f64::from(n));
-}
-
-pub fn redis_call(purpose: &'static str) {
-    counter!("gateway_redis_calls_total", "purpose" => purpose).increment(1);
-}
-
-pub fn active_requests(tenant: &str, n: u32) {
-    gauge!("gateway_active_requests", "tenant" => tenant.to_owned()).set(f64::from(n));
 }
 
 #[cfg(test)]

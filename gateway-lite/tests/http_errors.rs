@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::upstream::Upstreams;
+use admission::upstream::Upstreams;
 use engine::{ModelProfile, Simulator};
 use gateway_lite::outbox::Outbox;
 use gateway_lite::service::{app, AppState};

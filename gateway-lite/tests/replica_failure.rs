@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::upstream::Upstreams;
+use admission::upstream::Upstreams;
 use engine::{ModelProfile, Simulator};
 use gateway_lite::outbox::Outbox;
 use gateway_lite::service::{app, AppState};

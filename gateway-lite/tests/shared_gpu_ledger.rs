@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use engine::upstream::ledger::SharedLedger;
-use gateway_lite::cluster::{Cluster, Mode};
-use gateway_lite::gpu_ledger::{RedisLedger, REBASE_AT};
+use admission::cluster::{Cluster, Mode};
+use admission::gpu_ledger::{RedisLedger, REBASE_AT};
+use admission::upstream::ledger::SharedLedger;
 
 const REPLICA: &str = "r-1";
 const GPUS: u32 = 2;

@@ -8,8 +8,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
+use admission::cluster::{Cluster, Mode};
 use axum::body::Bytes;
-use gateway_lite::cluster::{Cluster, Mode};
 use gateway_lite::idempotency::{Begin, Idempotency, Stored, MAX_SHARED_ANSWER};
 use gateway_lite::outbox::Outbox;
 

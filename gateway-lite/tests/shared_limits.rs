@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway_lite::cluster::{Cluster, Mode, SETTLE};
-use gateway_lite::limits::{Ask, LimitKind, Limiter};
+use admission::cluster::{Cluster, Mode, SETTLE};
+use admission::limits::{Ask, LimitKind, Limiter};
 use gateway_lite::tenants::{Caller, ModelLimits};
 
 fn redis_url() -> String {
@@ -71,7 +71,7 @@ async fn gateway(prefix: &str, id: &str) -> Limiter {
 /// One gateway sharing the reference global bucket (400/s, burst 60)
 /// under `prefix`.
 async fn with_reference_global(prefix: &str) -> Limiter {
-    let global = Some(gateway_lite::limits::RequestRate {
+    let global = Some(admission::limits::RequestRate {
         per_second: 400,
         burst: 60,
     });
@@ -215,7 +215,7 @@ async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
 /// Admits `c` on `l` once Redis has settled after losing its state (at
 /// most [`SETTLE`] and a second); refused as settling until then. Runs
 /// `l`'s renewal tick between tries, as its background task would.
-async fn admit_after_settling(l: &Limiter, c: &Caller, n: usize) -> gateway_lite::limits::Permit {
+async fn admit_after_settling(l: &Limiter, c: &Caller, n: usize) -> admission::limits::Permit {
     let deadline = std::time::Instant::now() + SETTLE + Duration::from_secs(1);
     loop {
         match l.admit(c, ask(n)).await {
@@ -421,7 +421,7 @@ async fn a_tenant_is_not_refused_for_global_tokens_its_own_gateway_holds() {
         let l = with_reference_global(&prefix()).await;
         let with_rate = |tenant: &str, per_second, burst| Caller {
             tenant_id: tenant.into(),
-            rate: Some(gateway_lite::limits::RequestRate { per_second, burst }),
+            rate: Some(admission::limits::RequestRate { per_second, burst }),
             ..caller(None, None)
         };
         let (big, small) = (with_rate("big", 1_000, 10_000), with_rate("small", 10, 5));

@@ -12,7 +12,7 @@
 //!   the shared Redis ([`remote`]). An `engine` binary (`replica_reports:
 //!   true`) serves its replicas' GPU time so far; any other (vLLM serves
 //!   no GPU time) is read from the gateways' shared GPU ledger
-//!   ([`crate::gpu_ledger`]): the replica's busy time over every gateway
+//!   ([`admission::gpu_ledger`]): the replica's busy time over every gateway
 //!   in front of it, idle being the rest of wall time × GPUs.
 //!
 //! Every [`GATEWAY_REPLICA_REPORT_SECS`](crate::config::GatewayConfig) and
@@ -35,8 +35,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use admission::upstream::Upstreams;
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
-use engine::upstream::Upstreams;
 use engine::{BusyIdle, ReplicaGpuTime};
 use metrics::counter;
 use rust_decimal::Decimal;
@@ -44,9 +44,9 @@ use tokio::sync::watch;
 use usage_contract::replica_report::{RECORD_KIND, REPORT_VERSION};
 use usage_contract::ReplicaReport;
 
-use crate::cluster::Cluster;
 use crate::metering::now_ms;
 use crate::outbox::{Outbox, OutboxError};
+use admission::cluster::Cluster;
 
 /// A replica's GPU time so far, read at `at`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

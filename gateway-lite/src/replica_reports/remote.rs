@@ -7,7 +7,7 @@
 //!   replica's busy, idle and lent GPU time since it started, at
 //!   [`GET /v1/replicas/gpu-time`](engine::GPU_TIME_PATH);
 //! - **any other upstream** (vLLM serves no GPU time) is one replica read
-//!   from the gateways' shared GPU ledger ([`crate::gpu_ledger`], every
+//!   from the gateways' shared GPU ledger ([`admission::gpu_ledger`], every
 //!   gateway in front of it, on Redis's clock, since the ledger's epoch:
 //!   when Redis first saw the replica): busy is what the ledger handed to
 //!   requests that ended (their usage events' GPU time), lent the part of
@@ -62,19 +62,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use admission::upstream::http::HttpUpstream;
+use admission::upstream::RemoteModel;
 use chrono::{DateTime, Utc};
-use engine::upstream::http::HttpUpstream;
-use engine::upstream::RemoteModel;
 use engine::{BusyIdle, GpuTimeReadings, ReplicaGpuTime};
 use metrics::{counter, gauge};
 use redis::Script;
 use serde::{Deserialize, Serialize};
 
 use super::{interval_reports, Reading};
-use crate::cluster::Cluster;
-use crate::gpu_ledger::RedisLedger;
 use crate::metering::now_ms;
 use crate::outbox::{Outbox, OutboxError};
+use admission::cluster::Cluster;
+use admission::gpu_ledger::RedisLedger;
 
 /// A new engine instance that started less than this long ago (and in
 /// the current UTC hour) is reported from its start; see the module docs.

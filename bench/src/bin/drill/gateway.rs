@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::upstream::Upstreams;
+use admission::admission_queue::Queues;
+use admission::cluster::Cluster;
+use admission::limits::Limiter;
+use admission::upstream::Upstreams;
 use engine::{ModelProfile, Simulator};
-use gateway_lite::admission_queue::Queues;
-use gateway_lite::cluster::Cluster;
-use gateway_lite::limits::Limiter;
 use gateway_lite::outbox::Outbox;
 use gateway_lite::service::{app, AppState};
 use gateway_lite::tenants::{Caller, ModelLimits, Registry, RequestRate};
@@ -208,7 +208,7 @@ pub async fn start(mode: Mode, drill: &Drill) -> anyhow::Result<Gateway> {
         burst: 60,
     });
     let fair = matches!(mode, Mode::Fair | Mode::FairUncapped);
-    let ladder = fair.then(gateway_lite::ladder::Ladder::new);
+    let ladder = fair.then(admission::ladder::Ladder::new);
     let mut limiter = Limiter::new(global, cluster);
     if let Some(l) = &ladder {
         limiter = limiter.with_ladder(l.clone());

@@ -38,12 +38,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use admission::limits::Limiter;
+use admission::upstream::{RemoteModel, Upstreams};
 use bench::percentiles::Percentiles;
 use engine::identity::{self, Secret, Signer};
-use engine::upstream::{RemoteModel, Upstreams};
 use engine::{CompletionRequest, ModelProfile, ServiceClass, Simulator};
 use gateway_lite::idempotency::Idempotency;
-use gateway_lite::limits::Limiter;
 use gateway_lite::outbox::Outbox;
 use gateway_lite::service::{app, AppState};
 use gateway_lite::tenants::{Caller, Registry};
@@ -238,7 +238,7 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
         Caller {
             max_concurrency: Some(10_000),
             max_kv_mib_seconds: Some(1 << 40),
-            rate: Some(gateway_lite::limits::RequestRate {
+            rate: Some(admission::limits::RequestRate {
                 per_second: 20_000,
                 burst: 2_000,
             }),
@@ -246,23 +246,23 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
             ..bench_caller()
         },
     );
-    let global = Some(gateway_lite::limits::RequestRate {
+    let global = Some(admission::limits::RequestRate {
         per_second: 20_000,
         burst: 2_000,
     });
     let mut urls = Vec::new();
     for (name, cluster) in [
-        ("local", gateway_lite::cluster::Cluster::local("gw-local")),
+        ("local", admission::cluster::Cluster::local("gw-local")),
         (
             "shared",
-            gateway_lite::cluster::Cluster::connect(&redis.url(), "bench:", "gw-shared")?,
+            admission::cluster::Cluster::connect(&redis.url(), "bench:", "gw-shared")?,
         ),
     ] {
         let limiter = Limiter::new(global, cluster.clone());
         limiter.renew(true).await;
         if name == "shared" {
             anyhow::ensure!(
-                cluster.mode() == gateway_lite::cluster::Mode::Shared,
+                cluster.mode() == admission::cluster::Mode::Shared,
                 "the private Redis at {} did not answer",
                 redis.url()
             );
@@ -335,7 +335,7 @@ async fn fairness(rate: u64, secs: u64) -> anyhow::Result<()> {
         KEY,
         Caller {
             priority: 5,
-            rate: Some(gateway_lite::limits::RequestRate {
+            rate: Some(admission::limits::RequestRate {
                 per_second: 20_000,
                 burst: 2_000,
             }),
@@ -352,10 +352,10 @@ async fn fairness(rate: u64, secs: u64) -> anyhow::Result<()> {
             outbox,
         );
         if on {
-            let ladder = gateway_lite::ladder::Ladder::new();
+            let ladder = admission::ladder::Ladder::new();
             state.limiter = state.limiter.clone().with_ladder(ladder.clone());
             state.ladder = Some(ladder);
-            state.queues = Some(gateway_lite::admission_queue::Queues::new(
+            state.queues = Some(admission::admission_queue::Queues::new(
                 engine.models().iter().map(|m| m.name.clone()),
                 1_000,
             ));
@@ -507,7 +507,7 @@ fn remote_model(model: &str, base: &str) -> RemoteModel {
         max_context: 131_072,
         model_version: None,
         replica_id: Some(model.into()),
-        gpu_time: engine::upstream::GpuTime::Auto,
+        gpu_time: admission::upstream::GpuTime::Auto,
         api_key_env: None,
         identity_secret_env: Some(IDENTITY_SECRET_ENV.into()),
         cache_salt: false,

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::tenants::Caller;
+use crate::caller::Caller;
 
 /// How often each queue wakes one waiter whatever ended.
 pub const TICK: Duration = Duration::from_millis(50);

@@ -9,9 +9,9 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use admission::upstream::http::HttpUpstream;
+use admission::upstream::RemoteModel;
 use engine::identity::{self, Secret, Signer, LIFETIME_SECS, SKEW_SECS};
-use engine::upstream::http::HttpUpstream;
-use engine::upstream::RemoteModel;
 use engine::{CompletionRequest, ModelProfile, ServiceClass, Simulator};
 use reqwest::StatusCode;
 use serde_json::{json, Value};

@@ -42,8 +42,8 @@ use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::caller::Caller;
 use crate::cluster::{Cluster, Mode};
-use crate::tenants::Caller;
 use bucket::{Bucket, Rate};
 
 /// Which limit turned a request away; also the OpenAI error `type`.
@@ -98,7 +98,7 @@ pub struct RateStatus {
     pub tokens: Option<Window>,
 }
 
-pub use crate::tenants::RequestRate;
+pub use crate::caller::RequestRate;
 
 /// What a limit is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -1233,7 +1233,7 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
 
     use super::*;
-    use crate::tenants::ModelLimits;
+    use crate::caller::ModelLimits;
 
     async fn admit(
         l: &Limiter,

@@ -1,6 +1,6 @@
 //! Reserved floors on this gateway's model pools, simulated and HTTP. The tenants'
 //! floors come from the tenant config (billing-api writes them, the
-//! [`crate::tenants::Registry`] reads them with the keys); each model pool's
+//! [`crate::caller::Registry`] reads them with the keys); each model pool's
 //! router keeps a floor's unused part free of other tenants' work
 //! (`fleet::pool`). Together the floors may hold at most
 //! `GATEWAY_FLOOR_LIMIT` of a pool: floors that add up to more are scaled
@@ -11,12 +11,12 @@
 //!
 //! A simulated pool counts the floors in KV bytes (`fleet::pool`), a pool
 //! of HTTP replicas (`GATEWAY_UPSTREAMS`) in KV tokens
-//! (`engine::upstream::floors`).
+//! (`crate::upstream::floors`).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use engine::upstream::FloorsSetter;
+use crate::upstream::FloorsSetter;
 use fleet::floors::WHOLE_BP;
 use metrics::gauge;
 

@@ -28,7 +28,7 @@
 //!
 //! With `identity_secret_env` every request carries `x-meterline-identity`,
 //! the tenant and class signed per request (see
-//! [`identity`](crate::identity)) instead of the plain `x-tenant-id` and
+//! [`identity`](engine::identity)) instead of the plain `x-tenant-id` and
 //! `x-service-class` headers, which anyone who can reach the upstream could
 //! forge. With `cache_salt: true` the body's `cache_salt` (vLLM scopes its
 //! prefix cache by it) is set to a value derived from the tenant — keyed by
@@ -68,9 +68,9 @@ use std::sync::Arc;
 use rust_decimal::Decimal;
 use serde::Deserialize;
 
-use crate::error::EngineError;
-use crate::simulator::{self, Completion, CompletionRequest, Piece, Simulator};
-use crate::tokenizer;
+use engine::error::EngineError;
+use engine::simulator::{self, Completion, CompletionRequest, Piece, Simulator};
+use engine::tokenizer;
 use http::{HttpGeneration, HttpUpstream};
 
 /// Where a request's GPU time comes from.
@@ -404,7 +404,7 @@ impl Upstreams {
                         .map_err(|held| EngineError::NoCapacity {
                             model: req.model.clone(),
                             class: req.class.as_str(),
-                            why: crate::error::NoRoom::HeldForFloors {
+                            why: engine::error::NoRoom::HeldForFloors {
                                 held_percent: held.held_percent,
                             },
                         })?,
@@ -483,7 +483,7 @@ impl Upstreams {
 fn kv_estimate(req: &CompletionRequest, prompt: u64, max_context: u32) -> u64 {
     let output = req
         .max_tokens
-        .map_or(crate::completion::DEFAULT_OUTPUT_ESTIMATE, u64::from);
+        .map_or(engine::completion::DEFAULT_OUTPUT_ESTIMATE, u64::from);
     (prompt + output).min(u64::from(max_context).max(prompt))
 }
 
@@ -576,7 +576,7 @@ fn route<'a>(
 /// dropping it ends the wait.
 #[derive(Debug)]
 pub enum OwnerWaiting {
-    Simulated(crate::replica_pool::OwnerWaiting),
+    Simulated(engine::replica_pool::OwnerWaiting),
     Http(dedicated::OwnerBusy),
 }
 

@@ -1,6 +1,6 @@
 //! GPU time of an HTTP upstream replica that reports none, attributed in
 //! one ledger for every gateway in front of it: the same arithmetic as
-//! `engine::upstream::ledger::Ledger` (each interval × GPUs split among the
+//! `crate::upstream::ledger::Ledger` (each interval × GPUs split among the
 //! requests in flight by their in-flight tokens; the last one out of a busy
 //! period takes what rounding left), run as Lua scripts in Redis on
 //! Redis's own clock, in integers only: the per-weight integral in fixed
@@ -12,7 +12,7 @@
 //! GPU-seconds handed to its requests add up exactly to the period's
 //! length × the replica's GPUs (`busy` in the replica's hash counts the
 //! same total, to the microsecond). What it costs: one Redis call when a
-//! request starts, one per [`engine::upstream::ledger::SHARED_GROW_EVERY`]
+//! request starts, one per [`crate::upstream::ledger::SHARED_GROW_EVERY`]
 //! tokens it receives, one when it ends — never one per token; the split
 //! between concurrent requests lags by at most that many tokens.
 //!
@@ -369,7 +369,7 @@ impl RedisLedger {
     }
 }
 
-impl engine::upstream::ledger::SharedLedger for RedisLedger {
+impl crate::upstream::ledger::SharedLedger for RedisLedger {
     fn join<'a>(&'a self, replica: &'a str, gpus: u32, weight: u64) -> BoxFuture<'a, Option<u64>> {
         async move {
             self.replicas
@@ -471,7 +471,7 @@ pub struct LedgerReading {
 /// (see [`crate::gpu_ledger`]): its whole, what it handed to requests, and
 /// what it took back from requests of gateways that died, in GPU-seconds.
 /// `figures` is per replica, in the order of `upstreams.remote()`.
-pub fn render(upstreams: &engine::upstream::Upstreams, figures: &[ReplicaFigures]) -> String {
+pub fn render(upstreams: &crate::upstream::Upstreams, figures: &[ReplicaFigures]) -> String {
     type Pick = fn(&ReplicaFigures) -> u64;
     let mut out = String::new();
     let families: [(&str, &str, Pick); 3] = [

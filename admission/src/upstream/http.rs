@@ -31,17 +31,17 @@ use reqwest::StatusCode;
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
 
-use crate::attribution::to_gpu_seconds;
-use crate::error::EngineError;
-use crate::identity::{self, Secret, Signer};
-use crate::scheduler::ServiceClass;
-use crate::simulator::{Completion, CompletionRequest, GpuTimeReadings, Piece, GPU_TIME_PATH};
-use crate::tokenizer;
 use crate::upstream::dedicated::{Dedicated, OwnerBusy};
 use crate::upstream::floors::FloorShare;
 use crate::upstream::ledger::{Ledger, Share, SharedLedger, SHARED_GROW_EVERY};
 use crate::upstream::occupancy::{self, Occupancy};
 use crate::upstream::{GpuTime, RemoteModel};
+use engine::attribution::to_gpu_seconds;
+use engine::error::EngineError;
+use engine::identity::{self, Secret, Signer};
+use engine::scheduler::ServiceClass;
+use engine::simulator::{Completion, CompletionRequest, GpuTimeReadings, Piece, GPU_TIME_PATH};
+use engine::tokenizer;
 use openai_wire::{ErrorBody, Meterline, Usage};
 
 type Events = Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send>>;
@@ -677,7 +677,7 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
 
     use super::*;
-    use crate::scheduler::ServiceClass;
+    use engine::scheduler::ServiceClass;
 
     /// Past a class's threshold the request is refused before anything is
     /// sent (the URL points nowhere, so a request that went out would be a
