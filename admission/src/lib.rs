@@ -4,7 +4,13 @@
 //! beside it. A newcomer asking "why did this request get 429, 503 or
 //! `queue_timeout`" reads here.
 //!
+//! The gateway asks through one call, [`place::place`]: a request comes back
+//! running ([`place::Placed`]) or refused with its reason
+//! ([`place::Refused`]), from which the gateway's one error mapping derives
+//! the OpenAI error, its status and `Retry-After`.
+//!
 //! Layout:
+//! - [`place`]: the one face — limits, engine, fair queue, preemption, in order
 //! - [`caller`]: the caller as admission sees it (tenant, key, priority,
 //!   weight, caps, rates, objectives, per-model limits)
 //! - [`limits`]: requests/min and tokens/min per key and model, requests/s,
@@ -45,6 +51,7 @@ pub mod floors;
 pub mod gpu_ledger;
 pub mod ladder;
 pub mod limits;
+pub mod place;
 pub mod preemption;
 pub mod retry_budget;
 pub mod telemetry;
@@ -52,3 +59,4 @@ pub mod tpot;
 pub mod upstream;
 
 pub use caller::{Caller, ModelLimits, RequestRate};
+pub use place::{place, Admission, Placed, Refused};

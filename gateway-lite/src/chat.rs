@@ -1,6 +1,7 @@
-//! `POST /v1/chat/completions` and `GET /v1/models`: authenticate, check
-//! the tenant's limits, claim the `Idempotency-Key`, admit into the engine,
-//! and hand the request to a [`Run`] that records exactly one usage event.
+//! `POST /v1/chat/completions` and `GET /v1/models`: authenticate, validate
+//! the request, claim the `Idempotency-Key`, place it through
+//! [`admission::place`] (limits, engine, fair queue, preemption), and hand
+//! it to a [`Run`] that records exactly one usage event.
 //! Every response of an authenticated request carries the
 //! `x-ratelimit-*` headers of its key and model.
 
@@ -14,7 +15,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use engine::completion::DEFAULT_OUTPUT_ESTIMATE;
-use engine::{CompletionRequest, EngineError, ServiceClass};
+use engine::{CompletionRequest, ServiceClass};
 use openai_wire::{ChatRequest, Invalid};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -26,8 +27,8 @@ use crate::metering::{now_ms, Run};
 use crate::state::AppState;
 use crate::telemetry;
 use crate::tenants::Caller;
-use admission::admission_queue;
 use admission::limits;
+use admission::upstream::ModelInfo;
 
 /// SSE frames buffered towards a slow client before the stream waits.
 const STREAM_BUFFER: usize = 64;
@@ -156,7 +157,8 @@ pub async fn completions(
     res
 }
 
-/// Everything after authentication; sets `model` once it is known to be served.
+/// Everything after authentication: validate → idempotency claim → place →
+/// run. Sets `model` once it is known to be served.
 async fn handle(
     state: &AppState,
     caller: &Caller,
@@ -165,8 +167,125 @@ async fn handle(
     body: Bytes,
     model: &mut Option<String>,
 ) -> Result<Response, GatewayError> {
+    let mut checked = check(state, caller, &body, model)?;
+    let class = ServiceClass::from_priority(caller.priority);
+    let idempotency = match claim(state, caller, headers, &body, class).await? {
+        Claimed::Replay(stored) => return Ok(replay(stored)),
+        Claimed::Run(guard) => guard,
+    };
+    if let Some(guard) = &idempotency {
+        *request_id = guard.request_id();
+    }
+    let engine_request = checked.engine_request(caller, class, &body);
+    let output = checked.output_estimate();
+    let (req, info, prompt_tokens) = (checked.req, checked.info, checked.prompt_tokens);
+    let cost = gpu_micros(state, &req.model, prompt_tokens, output);
+    let ask = admission::place::Ask {
+        caller,
+        request: &engine_request,
+        request_id: request_id.to_string(),
+        streams: req.streams(),
+        retry: idempotency.as_ref().is_some_and(|g| g.is_retry()),
+        estimate: prompt_tokens + output,
+        kv_mib_seconds: kv_estimate(state, &req.model, prompt_tokens, output),
+        cost_gpu_micros: cost,
+    };
+    let placed = match admission::place(state.admission(), ask).await {
+        Ok(placed) => placed,
+        Err(refused) => return Err(not_placed(caller, idempotency, refused).await),
+    };
+    // Only a request that sends nothing before it ends can be preempted.
+    let requeue = placed.preemptible.then(|| crate::metering::Requeue {
+        request: engine_request.clone(),
+        cost_gpu_micros: cost,
+    });
+    let run = Run {
+        state: state.clone(),
+        caller: caller.clone(),
+        request_id: *request_id,
+        model: req.model.clone(),
+        info,
+        started_at: now_ms(),
+        queued: placed.queued,
+        prompt_tokens,
+        permit: placed.permit,
+        idempotency,
+        requeue,
+        lost: crate::metering::Lost::default(),
+    };
+    respond(state, run, placed.generation, &req).await
+}
+
+/// A request that passed the wire rules, names a served model, and fits
+/// the tenant's `max_output` and `max_context`.
+struct Checked {
+    req: ChatRequest,
+    info: ModelInfo,
+    prompt: String,
+    prompt_tokens: u64,
+    /// The output cap: the client's, else the tenant's `max_output`.
+    max_tokens: Option<u32>,
+}
+
+impl Checked {
+    /// The output it is expected to produce: its cap, else the default
+    /// estimate, within what the model's context leaves.
+    fn output_estimate(&self) -> u64 {
+        let room = u64::from(self.info.max_context).saturating_sub(self.prompt_tokens);
+        self.max_tokens
+            .map_or(DEFAULT_OUTPUT_ESTIMATE, u64::from)
+            .min(room)
+    }
+
+    /// What the engine is asked to run (the prompt moves into it).
+    fn engine_request(
+        &mut self,
+        caller: &Caller,
+        class: ServiceClass,
+        body: &[u8],
+    ) -> CompletionRequest {
+        CompletionRequest {
+            model: self.req.model.clone(),
+            prompt: std::mem::take(&mut self.prompt),
+            max_tokens: self.max_tokens,
+            seed: self.req.seed.unwrap_or(0),
+            tenant_id: caller.tenant_id.clone(),
+            class,
+            // An HTTP upstream gets the client's request as it was sent.
+            body: self
+                .info
+                .remote
+                .then(|| serde_json::from_slice(body).ok())
+                .flatten(),
+        }
+    }
+}
+
+/// A request admission refused: counted, its idempotency claim released
+/// (a retry may run), and answered.
+async fn not_placed(
+    caller: &Caller,
+    idempotency: Option<idempotency::Guard>,
+    refused: admission::Refused,
+) -> GatewayError {
+    if let Some(reason) = refused.reason() {
+        telemetry::rejected(&caller.tenant_id, reason);
+    }
+    if let Some(guard) = idempotency {
+        guard.refused().await;
+    }
+    refused.into()
+}
+
+/// Parses and checks the body; sets `model` once it is known to be served.
+fn check(
+    state: &AppState,
+    caller: &Caller,
+    body: &[u8],
+    model: &mut Option<String>,
+) -> Result<Checked, GatewayError> {
     let req: ChatRequest =
-        serde_json::from_slice(&body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
+        serde_json::from_slice(body).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
     if let Some(bad) = req.invalid() {
         return Err(invalid(bad));
     }
@@ -206,210 +325,72 @@ async fn handle(
             });
         }
     }
-    let max_tokens = asked.or(limits.max_output);
-
-    let class = ServiceClass::from_priority(caller.priority);
-    let idempotency = match idempotency_key(headers)? {
-        None => None,
-        Some(key) => match state
-            .idempotency
-            .begin(
-                &caller.api_key_id,
-                key,
-                &body,
-                now_ms().timestamp_millis(),
-                class == ServiceClass::Reserved || state.retry_budget.allows_retry(Instant::now()),
-            )
-            .await?
-        {
-            Begin::New(guard) => {
-                *request_id = guard.request_id();
-                Some(guard)
-            }
-            Begin::Replay(stored) => return Ok(replay(stored)),
-            Begin::InFlight => {
-                telemetry::rejected(&caller.tenant_id, "idempotency_in_flight");
-                return Err(GatewayError::IdempotencyInFlight);
-            }
-            Begin::Mismatch => return Err(GatewayError::IdempotencyMismatch),
-            Begin::Shed => {
-                telemetry::rejected(&caller.tenant_id, "retry_budget");
-                return Err(GatewayError::RetryBudget);
-            }
-        },
-    };
-
-    let room = u64::from(info.max_context).saturating_sub(prompt_tokens);
-    let output_estimate = max_tokens.map_or(DEFAULT_OUTPUT_ESTIMATE, u64::from);
-    let estimate = prompt_tokens + output_estimate.min(room);
-    let kv_mib_seconds = kv_estimate(state, &req.model, prompt_tokens, output_estimate.min(room));
-    let admitted = state
-        .limiter
-        .admit(
-            caller,
-            limits::Ask {
-                model: &req.model,
-                estimate,
-                kv_mib_seconds,
-                request_id: request_id.to_string(),
-            },
-        )
-        .await;
-    let mut permit = match admitted {
-        Ok(permit) => permit,
-        Err(r) => {
-            telemetry::rejected(&caller.tenant_id, r.limit.as_str());
-            if let Some(guard) = idempotency {
-                guard.refused().await;
-            }
-            return Err(GatewayError::RateLimited(r));
-        }
-    };
-
-    let retry = idempotency.as_ref().is_some_and(|g| g.is_retry());
-    state.retry_budget.admitted(retry, Instant::now());
-    let engine_request = CompletionRequest {
-        model: req.model.clone(),
-        prompt,
-        max_tokens,
-        seed: req.seed.unwrap_or(0),
-        tenant_id: caller.tenant_id.clone(),
-        class,
-        // An HTTP upstream gets the client's request as it was sent.
-        body: if info.remote {
-            serde_json::from_slice(&body).ok()
-        } else {
-            None
-        },
-    };
-    let arrived = Instant::now();
-    let budget = admission_queue::budget(caller);
-    let deadline = arrived + budget;
-    // A priority-5 request still waiting at half its budget would miss its
-    // TTFT objective: it preempts a lower request in flight, once. So does
-    // the owner of dedicated replicas of this model, whatever its priority:
-    // it takes back what it lent (the registry then picks lent work first).
-    let owns_replicas = state.engine.owns_replicas(&req.model, &caller.tenant_id);
-    let preemptor = fleet::preempt::Preemptor {
-        tenant: &caller.tenant_id,
-        priority: caller.priority,
-        depth: 0,
-        lent_only: caller.priority < admission::preemption::PREEMPTOR_PRIORITY,
-    };
-    let preempts = !preemptor.lent_only || owns_replicas;
-    let mut preempt_at = preempts.then(|| arrived + budget / 2);
-    let cost = gpu_micros(state, &req.model, prompt_tokens, output_estimate.min(room));
-    // While an owner's request waits, its dedicated replicas are not lent
-    // to anyone else: the room a preemption frees there is its own.
-    let mut owner_waiting = None;
-    let generation = loop {
-        let refused = match state.engine.start(&engine_request, req.streams()).await {
-            Ok(generation) => break generation,
-            Err(e) => e,
-        };
-        // No room for its class now (the simulator's replicas, or every
-        // HTTP replica, refused it before doing any work): wait in the
-        // model's fair queue.
-        let queue = state.queues.as_ref().filter(|q| {
-            q.serves(&req.model)
-                && matches!(
-                    refused,
-                    EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. }
-                )
-        });
-        if owns_replicas && queue.is_some() && owner_waiting.is_none() {
-            owner_waiting = state.engine.owner_waiting(&req.model, &caller.tenant_id);
-        }
-        let waited = match queue {
-            None => Err(None),
-            Some(q) => {
-                let now = Instant::now();
-                let left = deadline.saturating_duration_since(now);
-                match (preempt_at, q.preemptions(&req.model)) {
-                    (Some(at), Some(registry)) if at > now => {
-                        // Wait until the preemption point first.
-                        match q.wait(&req.model, caller, cost, at - now).await {
-                            Ok(()) => Ok(()),
-                            Err(admission_queue::NotRun::Timeout(_)) => {
-                                preempt_at = None;
-                                registry.preempt_for(&req.model, preemptor);
-                                Ok(())
-                            }
-                            Err(full) => Err(Some(full)),
-                        }
-                    }
-                    (Some(_), Some(registry)) => {
-                        preempt_at = None;
-                        registry.preempt_for(&req.model, preemptor);
-                        q.wait(&req.model, caller, cost, left).await.map_err(Some)
-                    }
-                    _ => q.wait(&req.model, caller, cost, left).await.map_err(Some),
-                }
-            }
-        };
-        let why = match waited {
-            Ok(()) => continue,
-            Err(why) => why,
-        };
-        // Not admitted by the engine: no usage event, nothing charged.
-        permit.settle(0, Instant::now());
-        if let Some(guard) = idempotency {
-            guard.refused().await;
-        }
-        return Err(match why {
-            Some(admission_queue::NotRun::Full { level, depth }) => {
-                telemetry::rejected(&caller.tenant_id, "queue_full");
-                GatewayError::QueueFull { level, depth }
-            }
-            Some(admission_queue::NotRun::Timeout(_)) => {
-                telemetry::rejected(&caller.tenant_id, "queue_timeout");
-                GatewayError::QueueTimeout(deadline - arrived)
-            }
-            None => {
-                if matches!(
-                    refused,
-                    EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. }
-                ) {
-                    telemetry::rejected(&caller.tenant_id, "no_capacity");
-                }
-                GatewayError::from(refused)
-            }
-        });
-    };
-    // Placed: the owner now counts as running on its replica, if it is there.
-    drop(owner_waiting);
-    let started_at = now_ms();
-    let queued = arrived.elapsed();
-    let include_usage = req.include_usage();
-    let streams = req.streams();
-    // Only a request that sends nothing before it ends can be preempted.
-    let requeue = (!streams
-        && state
-            .queues
-            .as_ref()
-            .and_then(|q| q.preemptions(&req.model))
-            .is_some())
-    .then(|| crate::metering::Requeue {
-        request: engine_request.clone(),
-        cost_gpu_micros: cost,
-    });
-    let run = Run {
-        state: state.clone(),
-        caller: caller.clone(),
-        request_id: *request_id,
-        model: req.model,
+    Ok(Checked {
+        max_tokens: asked.or(limits.max_output),
+        req,
         info,
-        started_at,
-        queued,
+        prompt,
         prompt_tokens,
-        permit,
-        idempotency,
-        requeue,
-        lost: crate::metering::Lost::default(),
+    })
+}
+
+/// What the `Idempotency-Key` claim decided.
+enum Claimed {
+    /// Answered before: send the stored answer.
+    Replay(Stored),
+    /// Run it (under the guard's request id, when it has a key).
+    Run(Option<idempotency::Guard>),
+}
+
+/// Claims the request's `Idempotency-Key`, if it has one.
+async fn claim(
+    state: &AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: &[u8],
+    class: ServiceClass,
+) -> Result<Claimed, GatewayError> {
+    let Some(key) = idempotency_key(headers)? else {
+        return Ok(Claimed::Run(None));
     };
-    if streams {
+    let begun = state
+        .idempotency
+        .begin(
+            &caller.api_key_id,
+            key,
+            body,
+            now_ms().timestamp_millis(),
+            class == ServiceClass::Reserved || state.retry_budget.allows_retry(Instant::now()),
+        )
+        .await?;
+    match begun {
+        Begin::New(guard) => Ok(Claimed::Run(Some(guard))),
+        Begin::Replay(stored) => Ok(Claimed::Replay(stored)),
+        Begin::InFlight => {
+            telemetry::rejected(&caller.tenant_id, "idempotency_in_flight");
+            Err(GatewayError::IdempotencyInFlight)
+        }
+        Begin::Mismatch => Err(GatewayError::IdempotencyMismatch),
+        Begin::Shed => {
+            telemetry::rejected(&caller.tenant_id, "retry_budget");
+            Err(GatewayError::RetryBudget)
+        }
+    }
+}
+
+/// Hands the placed request to its run, in a task of its own, and answers:
+/// a stream of SSE frames, or the JSON completion once it ends.
+async fn respond(
+    state: &AppState,
+    run: Run,
+    generation: admission::upstream::Generation,
+    req: &ChatRequest,
+) -> Result<Response, GatewayError> {
+    if req.streams() {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        state.runs.spawn(run.stream(generation, tx, include_usage));
+        state
+            .runs
+            .spawn(run.stream(generation, tx, req.include_usage()));
         let frames = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
         });

@@ -218,6 +218,18 @@ impl IntoResponse for GatewayError {
 }
 
 /// What the client is told when the engine said no or failed.
+/// Why admission did not place a request, as the gateway answers it.
+impl From<admission::Refused> for GatewayError {
+    fn from(refused: admission::Refused) -> Self {
+        match refused {
+            admission::Refused::Limit(r) => Self::RateLimited(r),
+            admission::Refused::QueueFull { level, depth } => Self::QueueFull { level, depth },
+            admission::Refused::QueueTimeout(waited) => Self::QueueTimeout(waited),
+            admission::Refused::Engine(e) => Self::from(e),
+        }
+    }
+}
+
 impl From<EngineError> for GatewayError {
     fn from(e: EngineError) -> Self {
         match e {

@@ -80,6 +80,16 @@ impl AppState {
 }
 
 impl AppState {
+    /// What admission decides with (see [`admission::place`]).
+    pub fn admission(&self) -> admission::Admission<'_> {
+        admission::Admission {
+            limiter: &self.limiter,
+            engine: &self.engine,
+            queues: self.queues.as_ref(),
+            retry_budget: &self.retry_budget,
+        }
+    }
+
     /// Re-evaluates the ladder every [`admission::ladder::EVERY`] from the
     /// simulated models' KV snapshots, their queues and the SLO windows
     /// (nothing without a ladder and queues, i.e. without
