@@ -30,7 +30,7 @@ pub struct Cli {
     pub require_archive: bool,
     /// Retention waits for `archive_queue` in Postgres
     /// (`ROLLUP_REQUIRE_ARCHIVE`), not for an archiver's consumer group.
-    #[arg(long, env = "ROLLUP_ARCHIVE_GROUP", hide = true, help_heading = serving::retired::HEADING)]
+    #[arg(long = "archive-group", env = "ROLLUP_ARCHIVE_GROUP", hide = true, help_heading = serving::retired::HEADING)]
     pub retired_archive_group: Option<String>,
     #[command(subcommand)]
     pub command: Command,

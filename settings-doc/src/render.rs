@@ -21,6 +21,7 @@ struct Setting {
 /// A retired setting, and what replaced it.
 struct Retired {
     env: String,
+    flag: String,
     binary: String,
     replaced_by: String,
 }
@@ -53,13 +54,14 @@ pub fn document(binaries: &[Binary], direct: &[Direct]) -> String {
         "\n## Retired settings\n\n\
          No longer read. Each stops its binary at start, naming it and what \
          replaced it, rather than being ignored.\n\n\
-         | variable | binary | what replaced it |\n|---|---|---|\n",
+         | variable | flag | binary | what replaced it |\n|---|---|---|---|\n",
     );
     for r in &retired {
         let _ = writeln!(
             out,
-            "| `{}` | {} | {} |",
+            "| `{}` | {} | {} | {} |",
             r.env,
+            r.flag,
             r.binary,
             cell(&r.replaced_by)
         );
@@ -102,6 +104,7 @@ fn command(
         if arg.get_help_heading() == Some(serving::retired::HEADING) {
             retired.push(Retired {
                 env,
+                flag: flag(arg),
                 binary: binary.to_owned(),
                 replaced_by: help(arg),
             });
@@ -109,9 +112,7 @@ fn command(
         }
         rows.push(Setting {
             env,
-            flag: arg
-                .get_long()
-                .map_or_else(String::new, |l| format!("`--{l}`")),
+            flag: flag(arg),
             default: default(arg),
             meaning: help(arg),
         });
@@ -149,6 +150,12 @@ fn command(
         sub_path.push(sub.get_name());
         command(out, retired, binary, sub, &sub_path);
     }
+}
+
+/// The argument's flag, as a code span (empty without one).
+fn flag(arg: &Arg) -> String {
+    arg.get_long()
+        .map_or_else(String::new, |l| format!("`--{l}`"))
 }
 
 /// The argument's doc comment, every paragraph, on one line.

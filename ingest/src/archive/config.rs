@@ -64,14 +64,14 @@ pub struct ArchiverConfig {
     pub crash_in_compaction: u64,
     /// The archiver follows `archive_queue` in Postgres, filled by ingest
     /// in the transaction that stores each request; it reads no topic.
-    #[arg(long, env = "ARCHIVE_TOPIC", hide = true, help_heading = serving::retired::HEADING)]
+    #[arg(long = "topic", env = "ARCHIVE_TOPIC", hide = true, help_heading = serving::retired::HEADING)]
     pub retired_topic: Option<String>,
     /// The archiver follows `archive_queue` in Postgres and joins no
     /// consumer group.
-    #[arg(long, env = "ARCHIVE_GROUP", hide = true, help_heading = serving::retired::HEADING)]
+    #[arg(long = "group", env = "ARCHIVE_GROUP", hide = true, help_heading = serving::retired::HEADING)]
     pub retired_group: Option<String>,
     /// A batch is bounded by `ARCHIVE_MAX_BATCH` queued rows alone.
-    #[arg(long, env = "ARCHIVE_MAX_BYTES", hide = true, help_heading = serving::retired::HEADING)]
+    #[arg(long = "max-bytes", env = "ARCHIVE_MAX_BYTES", hide = true, help_heading = serving::retired::HEADING)]
     pub retired_max_bytes: Option<String>,
 }
 
