@@ -220,3 +220,6 @@ impl Drop for CancelOnDrop {
         self.0.cancel();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,103 +11,15 @@
 //!
 //! A simulated pool counts the floors in KV bytes (`fleet::pool`), a pool
 //! of HTTP replicas (`GATEWAY_UPSTREAMS`) in KV tokens
-//! (`crate::upstream::floors`).
+//! ([`tokens`]). The policy itself — what a floor holds back from whom — is
+//! `fleet::floors`; this module is its runtime on the gateway's pools.
+//!
+//! - [`applied`]: the promised floors scaled to the limit and set on every
+//!   pool, simulated and HTTP, when they change
+//! - [`tokens`]: a pool of HTTP replicas holding its floors in KV tokens
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+pub mod applied;
+pub mod tokens;
 
-use crate::upstream::FloorsSetter;
-use fleet::floors::WHOLE_BP;
-use metrics::gauge;
-
-/// The floors as applied, `promised` scaled down to `limit_bp` together
-/// when they add up to more (each rounded down, so the sum stays within).
-pub fn scaled(promised: &HashMap<String, u32>, limit_bp: u32) -> HashMap<String, u32> {
-    let sum: u64 = promised.values().map(|&bp| u64::from(bp)).sum();
-    if sum <= u64::from(limit_bp) {
-        return promised.clone();
-    }
-    promised
-        .iter()
-        .map(|(t, &bp)| {
-            let share = u64::from(bp) * u64::from(limit_bp) / sum;
-            (t.clone(), u32::try_from(share).unwrap_or(0))
-        })
-        .filter(|(_, bp)| *bp > 0)
-        .collect()
-}
-
-/// Applies the registry's floors to the model pools when they change.
-pub struct Floors {
-    pools: FloorsSetter,
-    limit_bp: u32,
-    last: Mutex<Option<HashMap<String, u32>>>,
-}
-
-impl Floors {
-    pub fn new(pools: FloorsSetter, limit_bp: u32) -> Self {
-        gauge!("gateway_reserved_floors_ratio", "of" => "limit")
-            .set(f64::from(limit_bp) / f64::from(WHOLE_BP));
-        Self {
-            pools,
-            limit_bp,
-            last: Mutex::new(None),
-        }
-    }
-
-    /// Applies `promised` (basis points by tenant), if it changed.
-    pub fn apply(&self, promised: HashMap<String, u32>) {
-        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        if last.as_ref() == Some(&promised) {
-            return;
-        }
-        let applied = scaled(&promised, self.limit_bp);
-        let sum = |m: &HashMap<String, u32>| m.values().map(|&bp| u64::from(bp)).sum::<u64>();
-        if applied != promised {
-            tracing::warn!(
-                promised_bp = sum(&promised),
-                limit_bp = self.limit_bp,
-                "the tenants' reserved floors add up to more than GATEWAY_FLOOR_LIMIT: each scaled down in proportion"
-            );
-        }
-        for tenant in last.iter().flat_map(|m| m.keys()) {
-            if !applied.contains_key(tenant) {
-                gauge!("gateway_reserved_floor_ratio", "tenant" => tenant.clone()).set(0.0);
-            }
-        }
-        for (tenant, &bp) in &applied {
-            gauge!("gateway_reserved_floor_ratio", "tenant" => tenant.clone())
-                .set(f64::from(bp) / f64::from(WHOLE_BP));
-        }
-        gauge!("gateway_reserved_floors_ratio", "of" => "promised")
-            .set(sum(&promised) as f64 / f64::from(WHOLE_BP));
-        gauge!("gateway_reserved_floors_ratio", "of" => "applied")
-            .set(sum(&applied) as f64 / f64::from(WHOLE_BP));
-        self.pools.set(&applied);
-        tracing::info!(?applied, "reserved floors");
-        *last = Some(promised);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn m(pairs: &[(&str, u32)]) -> HashMap<String, u32> {
-        pairs.iter().map(|(t, bp)| ((*t).to_owned(), *bp)).collect()
-    }
-
-    #[test]
-    fn floors_within_the_limit_are_kept_and_above_it_scaled_to_fit() {
-        let reference = m(&[("acme-corp", 3_000), ("medai-labs", 1_500)]);
-        assert_eq!(scaled(&reference, 5_000), reference);
-        let over = m(&[("a", 6_000), ("b", 3_000), ("c", 1)]);
-        let applied = scaled(&over, 4_500);
-        assert_eq!(
-            applied,
-            m(&[("a", 2_999), ("b", 1_499)]),
-            "each rounded down; c to 0"
-        );
-        assert!(applied.values().sum::<u32>() <= 4_500);
-    }
-}
+pub use applied::{scaled, Floors, FloorsSetter};
+pub use tokens::{FloorShare, HttpFloors, PoolFloors};

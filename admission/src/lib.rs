@@ -24,8 +24,10 @@
 //!   pressure, and capacity borrowing (`fleet::ladder`)
 //! - [`preemption`]: a waiting priority-5 request preempts the lowest
 //!   non-streaming request in flight, which re-queues (delay, not failure)
-//! - [`floors`]: the tenants' reserved floors on the model pools, scaled to
-//!   `GATEWAY_FLOOR_LIMIT` (`fleet::floors`)
+//! - [`floors`]: the tenants' reserved floors on the model pools, simulated
+//!   and HTTP, scaled to `GATEWAY_FLOOR_LIMIT` (`fleet::floors`)
+//! - [`occupancy`]: an HTTP replica's KV reading (polled from its
+//!   `/metrics`), for admission by class and the floors
 //! - [`retry_budget`]: retries shed first when they exceed 20% of the minute
 //! - [`tpot`]: recent time per output token, for the KV·seconds estimate
 //! - [`gpu_ledger`]: one GPU-time ledger per HTTP replica for every gateway
@@ -51,6 +53,7 @@ pub mod floors;
 pub mod gpu_ledger;
 pub mod ladder;
 pub mod limits;
+pub mod occupancy;
 pub mod place;
 pub mod preemption;
 pub mod retry_budget;

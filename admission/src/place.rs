@@ -20,8 +20,14 @@
 //!
 //! A refused request is charged nothing: what the limits took is given
 //! back before [`place`] returns.
+//!
+//! Its waits are on tokio's clock, so a test with the clock paused runs the
+//! whole order — queue, timeouts, preemption point — at once and the same
+//! way every time (`place/tests.rs`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use engine::{CompletionRequest, EngineError};
 
@@ -133,7 +139,9 @@ pub async fn place(admission: Admission<'_>, ask: Ask<'_>) -> Result<Placed, Ref
         )
         .await
         .map_err(Refused::Limit)?;
-    admission.retry_budget.admitted(retry, Instant::now());
+    admission
+        .retry_budget
+        .admitted(retry, Instant::now().into_std());
 
     let arrived = Instant::now();
     let deadline = arrived + admission_queue::budget(caller);
@@ -191,7 +199,7 @@ pub async fn place(admission: Admission<'_>, ask: Ask<'_>) -> Result<Placed, Ref
             Err(why) => why,
         };
         // Not admitted by the engine: nothing charged.
-        permit.settle(0, Instant::now());
+        permit.settle(0, Instant::now().into_std());
         return Err(match why {
             Some(NotRun::Full { level, depth }) => Refused::QueueFull { level, depth },
             Some(NotRun::Timeout(_)) => Refused::QueueTimeout(deadline - arrived),
@@ -212,3 +220,6 @@ pub async fn place(admission: Admission<'_>, ask: Ask<'_>) -> Result<Placed, Ref
         preemptible,
     })
 }
+
+#[cfg(test)]
+mod tests;

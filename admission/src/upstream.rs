@@ -48,28 +48,25 @@
 //! [`DOWN_FOR`](http::DOWN_FOR) and is tried again after.
 //!
 //! The tenants' reserved floors are held on such a pool as on a simulated
-//! one, in KV tokens ([`floors`]).
+//! one, in KV tokens ([`crate::floors`]), from each replica's KV reading
+//! ([`crate::occupancy`]).
 //!
 //! - [`dedicated`]: a replica one tenant owns, lent while it is idle
-//! - [`floors`]: reserved floors on a pool of HTTP replicas
 //! - [`ledger`]: GPU time from wall time × in-flight token share, exactly
 //! - [`http`]: the HTTP client side of one upstream replica
-//! - [`occupancy`]: the upstream's KV usage, polled, for admission by class
 //! - [`config`]: the upstreams file and its checks
 //! - [`router`]: which engine and replica run a request
 //! - [`generation`]: a request running on either kind of engine
 
 mod config;
 pub mod dedicated;
-pub mod floors;
 mod generation;
 pub mod http;
 pub mod ledger;
-pub mod occupancy;
 mod router;
 #[cfg(test)]
 mod tests;
 
 pub use config::{load, GpuTime, RemoteModel};
 pub use generation::{Generation, OwnerWaiting};
-pub use router::{FloorsSetter, ModelInfo, Upstreams};
+pub use router::{ModelInfo, Upstreams};

@@ -34,7 +34,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream;
 use rand::Rng;
-use serde_json::{json, Value};
+
 use tokio::net::TcpListener;
 
 use crate::error::EngineError;
@@ -49,6 +49,8 @@ use crate::wire;
 #[derive(Clone)]
 struct EngineState {
     sim: Arc<Simulator>,
+    /// What `GET /v1/models` answers, built once.
+    models: Arc<openai_wire::ModelList>,
     /// Verifies `x-meterline-identity`.
     secret: Arc<Secret>,
 }
@@ -68,6 +70,11 @@ pub fn app(sim: Arc<Simulator>, secret: Secret) -> Router {
             EngineError::UnknownPath(format!("{method} {}", uri.path()))
         })
         .with_state(EngineState {
+            models: Arc::new(openai_wire::ModelList::new(
+                sim.models()
+                    .iter()
+                    .map(|p| (p.name.as_str(), p.max_context)),
+            )),
             sim,
             secret: Arc::new(secret),
         })
@@ -129,14 +136,8 @@ impl IntoResponse for EngineError {
     }
 }
 
-async fn models(State(state): State<EngineState>) -> Json<Value> {
-    let data: Vec<Value> = state
-        .sim
-        .models()
-        .iter()
-        .map(|p| json!({"id": p.name, "object": "model", "created": 0, "owned_by": "meterline", "max_model_len": p.max_context}))
-        .collect();
-    Json(json!({"object": "list", "data": data}))
+async fn models(State(state): State<EngineState>) -> Response {
+    Json(&*state.models).into_response()
 }
 
 async fn gpu_time(
@@ -173,7 +174,7 @@ async fn metrics(State(state): State<EngineState>) -> impl IntoResponse {
 }
 
 async fn completions(
-    State(EngineState { sim, secret }): State<EngineState>,
+    State(EngineState { sim, secret, .. }): State<EngineState>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, EngineError> {
@@ -188,7 +189,10 @@ async fn completions(
     if let Some(field) = req.nul_field() {
         return Err(EngineError::BadRequest(field.message()));
     }
-    if let Some(bad) = req.invalid().or_else(|| req.unsupported_by_simulator()) {
+    if let Some(bad) = req
+        .invalid()
+        .or_else(|| wire::unsupported_by_simulator(&req))
+    {
         return Err(EngineError::InvalidParam {
             param: bad.param.to_owned(),
             message: bad.message,

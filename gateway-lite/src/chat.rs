@@ -58,18 +58,13 @@ fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, Gateway
         .ok_or(GatewayError::InvalidKey)
 }
 
+/// `GET /v1/models`: the list built when the gateway started.
 pub async fn models(
     State(state): State<AppState>,
     headers: HeaderMap,
-) -> Result<Json<Value>, GatewayError> {
+) -> Result<Response, GatewayError> {
     authenticate(&state, &headers)?;
-    let data: Vec<Value> = state
-        .engine
-        .models()
-        .iter()
-        .map(|m| json!({"id": m.name, "object": "model", "created": 0, "owned_by": "meterline", "max_model_len": m.max_context}))
-        .collect();
-    Ok(Json(json!({"object": "list", "data": data})))
+    Ok(Json(state.engine.model_list()).into_response())
 }
 
 /// `GET /v1/slo`: the caller's own tenant's last 60 s against its
@@ -300,7 +295,7 @@ fn check(
     };
     // An HTTP upstream is sent the client's body and decides for itself.
     if !info.remote {
-        if let Some(bad) = req.unsupported_by_simulator() {
+        if let Some(bad) = engine::wire::unsupported_by_simulator(&req) {
             return Err(invalid(bad));
         }
     }

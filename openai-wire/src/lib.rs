@@ -10,6 +10,7 @@
 //!   usage chunk of `stream_options.include_usage` included), `usage`, and
 //!   Meterline's `meterline` extension with the engine's exact GPU figures
 //! - [`error`]: the error body `{"error": {"message", "type", "param", "code"}}`
+//! - [`models`]: the list `GET /v1/models` answers, built once per server
 //!
 //! Both servers also refuse a NUL character (U+0000) in what they read of
 //! the request — the model, a message's content — with a 400 naming it
@@ -17,10 +18,12 @@
 //! in the query.
 
 pub mod error;
+pub mod models;
 pub mod request;
 pub mod response;
 
 pub use error::{ApiError, ErrorBody, ErrorKind, GENERIC_SERVER_ERROR};
+pub use models::{Model, ModelList};
 pub use request::{
     ChatRequest, Content, ContentPart, FunctionCall, FunctionDefinition, ImageUrl, InputAudio,
     Invalid, Message, NamedToolChoice, NulField, ResponseFormat, Role, Stop, StreamOptions, Tool,

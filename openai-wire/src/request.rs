@@ -11,8 +11,8 @@
 //! gets them: it is sent the client's own body).
 //!
 //! The simulator reads only the prompt ([`ChatRequest::prompt`]); what it
-//! cannot do it refuses rather than ignores
-//! ([`ChatRequest::unsupported_by_simulator`]).
+//! cannot do it refuses rather than ignores (the engine's
+//! `wire::unsupported_by_simulator`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -366,52 +366,6 @@ impl ChatRequest {
         })
     }
 
-    /// What the simulator cannot do, refused rather than ignored: several
-    /// choices, log probabilities, forced or named tool calls, JSON-schema
-    /// output and audio output.
-    pub fn unsupported_by_simulator(&self) -> Option<Invalid> {
-        let refuse = |param: &'static str, what: &str| {
-            Some(Invalid {
-                param,
-                message: format!("{what} is not supported by simulated models"),
-            })
-        };
-        if self.n.is_some_and(|n| n > 1) {
-            return refuse("n", "n greater than 1");
-        }
-        if self.logprobs == Some(true) {
-            return refuse("logprobs", "logprobs");
-        }
-        if self.top_logprobs.is_some_and(|n| n > 0) {
-            return refuse("top_logprobs", "top_logprobs");
-        }
-        match &self.tool_choice {
-            None | Some(ToolChoice::Mode(ToolChoiceMode::Auto | ToolChoiceMode::None)) => {}
-            Some(ToolChoice::Mode(ToolChoiceMode::Required)) => {
-                return refuse("tool_choice", "tool_choice \"required\"")
-            }
-            Some(ToolChoice::Named(_)) => return refuse("tool_choice", "a named tool_choice"),
-        }
-        if matches!(
-            self.response_format,
-            Some(ResponseFormat::JsonSchema { .. })
-        ) {
-            return refuse("response_format", "response_format json_schema");
-        }
-        if self
-            .modalities
-            .iter()
-            .flatten()
-            .any(|m| m.as_str() == "audio")
-        {
-            return refuse("modalities", "audio output");
-        }
-        if self.audio.as_ref().is_some_and(|a| !a.is_null()) {
-            return refuse("audio", "audio output");
-        }
-        None
-    }
-
     /// The messages flattened into the prompt the engine sees.
     pub fn prompt(&self) -> String {
         self.messages
@@ -492,7 +446,6 @@ mod tests {
             "n": 1
         }));
         assert!(matches!(&req.messages[1].content, Some(Content::Parts(p)) if p.len() == 4));
-        assert_eq!(req.unsupported_by_simulator(), None);
         assert_eq!(req.invalid(), None);
     }
 
@@ -524,54 +477,10 @@ mod tests {
             "stream_options": {"include_usage": true}
         }));
         assert_eq!(req.invalid(), None);
-        assert_eq!(req.unsupported_by_simulator(), None);
         assert!(req.streams() && req.include_usage());
         assert!(req
             .prompt()
             .contains("get_weather {\"location\":\"Paris\"}"));
-    }
-
-    #[test]
-    fn what_the_simulator_cannot_do_is_refused_naming_the_parameter() {
-        let base = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
-        let with = |field: &str, value: Value| {
-            let mut body = base.clone();
-            body[field] = value;
-            serde_json::from_value::<ChatRequest>(body)
-                .unwrap()
-                .unsupported_by_simulator()
-                .map(|i| i.param)
-        };
-        assert_eq!(with("n", json!(2)), Some("n"));
-        assert_eq!(with("n", json!(1)), None);
-        assert_eq!(with("logprobs", json!(true)), Some("logprobs"));
-        assert_eq!(with("top_logprobs", json!(3)), Some("top_logprobs"));
-        assert_eq!(with("tool_choice", json!("required")), Some("tool_choice"));
-        assert_eq!(
-            with(
-                "tool_choice",
-                json!({"type": "function", "function": {"name": "f"}})
-            ),
-            Some("tool_choice")
-        );
-        assert_eq!(with("tool_choice", json!("none")), None);
-        assert_eq!(
-            with(
-                "response_format",
-                json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})
-            ),
-            Some("response_format")
-        );
-        assert_eq!(
-            with("modalities", json!(["text", "audio"])),
-            Some("modalities")
-        );
-        assert_eq!(with("modalities", json!(["text"])), None);
-        assert_eq!(
-            with("audio", json!({"voice": "alloy", "format": "wav"})),
-            Some("audio")
-        );
-        assert_eq!(with("temperature", json!(1.5)), None);
     }
 
     #[test]

@@ -31,10 +31,10 @@ use reqwest::StatusCode;
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
 
+use crate::floors::FloorShare;
+use crate::occupancy::{self, Occupancy};
 use crate::upstream::dedicated::{Dedicated, OwnerBusy};
-use crate::upstream::floors::FloorShare;
 use crate::upstream::ledger::{Ledger, Share, SharedLedger, SHARED_GROW_EVERY};
-use crate::upstream::occupancy::{self, Occupancy};
 use crate::upstream::{GpuTime, RemoteModel};
 use engine::attribution::to_gpu_seconds;
 use engine::error::EngineError;

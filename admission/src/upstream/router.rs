@@ -13,11 +13,11 @@ use engine::tokenizer;
 
 use super::config::*;
 use super::dedicated;
-use super::floors;
 use super::generation::*;
 use super::http::HttpUpstream;
 use super::ledger;
-use super::occupancy;
+use crate::floors::{FloorsSetter, HttpFloors};
+use crate::occupancy;
 
 /// What the gateway needs to know about a served model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +38,10 @@ pub struct Upstreams {
     pub(super) simulator: Arc<Simulator>,
     pub(super) remote: Vec<Arc<HttpUpstream>>,
     pub(super) models: Vec<ModelInfo>,
+    /// What `GET /v1/models` answers, built with `models`.
+    pub(super) model_list: openai_wire::ModelList,
     /// The reserved floors of the HTTP-served models' pools.
-    pub(super) floors: Arc<floors::HttpFloors>,
+    pub(super) floors: Arc<HttpFloors>,
 }
 
 impl Upstreams {
@@ -79,12 +81,13 @@ impl Upstreams {
                 remote: true,
             });
         }
-        let floors = Arc::new(floors::HttpFloors::new(
+        let floors = Arc::new(HttpFloors::new(
             remote.iter().map(|r| r.config.model.clone()),
         ));
         Ok(Self {
             simulator,
             remote,
+            model_list: list_of(&models),
             models,
             floors,
         })
@@ -92,7 +95,7 @@ impl Upstreams {
 
     /// Only the simulator.
     pub fn simulated(simulator: Arc<Simulator>) -> Self {
-        let models = simulator
+        let models: Vec<ModelInfo> = simulator
             .models()
             .iter()
             .map(|p| ModelInfo {
@@ -107,6 +110,7 @@ impl Upstreams {
         Self {
             simulator,
             remote: Vec::new(),
+            model_list: list_of(&models),
             models,
             floors: Arc::default(),
         }
@@ -114,6 +118,11 @@ impl Upstreams {
 
     pub fn models(&self) -> &[ModelInfo] {
         &self.models
+    }
+
+    /// What `GET /v1/models` answers (built once, with the upstreams).
+    pub fn model_list(&self) -> &openai_wire::ModelList {
+        &self.model_list
     }
 
     pub fn model(&self, name: &str) -> Option<&ModelInfo> {
@@ -131,10 +140,7 @@ impl Upstreams {
 
     /// What sets the floors, to keep (the gateway's tenant refresh).
     pub fn floors_setter(&self) -> FloorsSetter {
-        FloorsSetter {
-            simulator: self.simulator.clone(),
-            http: self.floors.clone(),
-        }
+        FloorsSetter::new(self.simulator.clone(), self.floors.clone())
     }
 
     /// Starts a request on the model's engine.
@@ -242,6 +248,10 @@ impl Upstreams {
     }
 }
 
+fn list_of(models: &[ModelInfo]) -> openai_wire::ModelList {
+    openai_wire::ModelList::new(models.iter().map(|m| (m.name.as_str(), m.max_context)))
+}
+
 /// A request's KV tokens for the floors: its prompt plus its output cap
 /// (without one, [`DEFAULT_OUTPUT_ESTIMATE`]), within the context.
 pub(super) fn kv_estimate(req: &CompletionRequest, prompt: u64, max_context: u32) -> u64 {
@@ -249,21 +259,6 @@ pub(super) fn kv_estimate(req: &CompletionRequest, prompt: u64, max_context: u32
         .max_tokens
         .map_or(engine::completion::DEFAULT_OUTPUT_ESTIMATE, u64::from);
     (prompt + output).min(u64::from(max_context).max(prompt))
-}
-
-/// Sets the tenants' reserved floors on every model pool, simulated and
-/// HTTP; kept by the gateway's tenant refresh ([`Upstreams::floors_setter`]).
-#[derive(Debug, Clone)]
-pub struct FloorsSetter {
-    pub(super) simulator: Arc<Simulator>,
-    pub(super) http: Arc<floors::HttpFloors>,
-}
-
-impl FloorsSetter {
-    pub fn set(&self, floors: &std::collections::HashMap<String, u32>) {
-        self.simulator.set_floors(floors);
-        self.http.set(floors);
-    }
 }
 
 /// The order to try a model's HTTP replicas in for `tenant`: the

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use fleet::floors::{Floors, HeldForFloors, PoolKv};
 
-use super::occupancy::Occupancy;
+use crate::occupancy::Occupancy;
 
 /// The floors of every HTTP-served model, each pool on its own.
 #[derive(Debug, Default)]

@@ -1,4 +1,4 @@
-//! Admission by class for an HTTP upstream: the gateway polls the
+//! A replica's KV reading, for admission by class on an HTTP upstream: the gateway polls the
 //! upstream's Prometheus `/metrics` for its KV-cache usage (vLLM's
 //! `vllm:kv_cache_usage_perc`, or `vllm:gpu_cache_usage_perc` on older
 //! versions; Meterline's engine exports the former) and refuses a request
@@ -12,7 +12,7 @@
 //! `vllm:cache_config_info` (`num_gpu_blocks` × `block_size`), and the
 //! reading keeps count of the tokens this gateway sent the replica since
 //! (and has in flight there), for the reserved floors of its pool
-//! ([`super::floors`]).
+//! ([`crate::floors`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
