@@ -111,7 +111,10 @@ pub async fn list(
             " " button type="submit" #close-month { "Close " (month) }
         }
     };
-    Ok(html(StatusCode::OK, page(Some(&user), "Invoices", body)))
+    Ok(html(
+        StatusCode::OK,
+        page(Some(user.signed()), "Invoices", body),
+    ))
 }
 
 fn lines_table(inv: &Invoice) -> Markup {
@@ -187,7 +190,10 @@ pub async fn one(
             }
         }
     };
-    Ok(html(StatusCode::OK, page(Some(&user), "Invoice", body)))
+    Ok(html(
+        StatusCode::OK,
+        page(Some(user.signed()), "Invoice", body),
+    ))
 }
 
 pub async fn print(
@@ -215,7 +221,10 @@ pub async fn print(
         p.note { "Content hash " code { (inv.content_hash) } }
         p.noprint { a href="javascript:window.print()" { "Print" } " (or your browser's Print)" }
     };
-    Ok(html(StatusCode::OK, page(Some(&user), "Invoice", body)))
+    Ok(html(
+        StatusCode::OK,
+        page(Some(user.signed()), "Invoice", body),
+    ))
 }
 
 pub async fn finalize(
@@ -310,7 +319,7 @@ pub async fn close(
     };
     Ok(html(
         StatusCode::OK,
-        page(Some(&user), "Month closed", body),
+        page(Some(user.signed()), "Month closed", body),
     ))
 }
 

@@ -5,9 +5,8 @@ use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
-use crate::access::Role;
+use crate::access::{Principal, Role};
 use crate::error::BillingError;
-use crate::pages::session::PageUser;
 
 const CSS: &str = r#"
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d2733;background:#f6f7f9}
@@ -31,8 +30,17 @@ form.inline{display:inline} button{cursor:pointer}
  table{font-size:10pt} .card{border:none}}
 "#;
 
+/// Who a page is for, as its header shows them: their role and tenant,
+/// and the CSRF token of the sign-out form (from their session,
+/// `session::PageUser::signed`).
+#[derive(Debug, Clone, Copy)]
+pub struct Signed<'a> {
+    pub who: &'a Principal,
+    pub csrf: &'a str,
+}
+
 /// A full page for a signed-in user.
-pub fn page(user: Option<&PageUser>, title: &str, body: Markup) -> Markup {
+pub fn page(user: Option<Signed<'_>>, title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {

@@ -85,6 +85,6 @@ pub async fn show(
     };
     Ok(html(
         StatusCode::OK,
-        page(Some(&user), "Request lookup", body),
+        page(Some(user.signed()), "Request lookup", body),
     ))
 }

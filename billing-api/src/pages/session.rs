@@ -20,6 +20,7 @@ use sha2::{Digest, Sha256};
 use crate::access::Principal;
 use crate::auth::{hash_token, principal};
 use crate::error::BillingError;
+use crate::pages::layout::Signed;
 use crate::pages::PageError;
 use crate::state::AppState;
 use crate::store;
@@ -36,6 +37,14 @@ pub struct PageUser {
 }
 
 impl PageUser {
+    /// Who the page header shows.
+    pub fn signed(&self) -> Signed<'_> {
+        Signed {
+            who: &self.who,
+            csrf: &self.csrf,
+        }
+    }
+
     /// Refuses a form whose CSRF token is not this session's.
     pub fn check_csrf(&self, given: &str) -> Result<(), PageError> {
         // Hashes compared, so the time taken says nothing about the token.

@@ -178,7 +178,10 @@ pub async fn show(
             }
         }
     };
-    Ok(html(StatusCode::OK, page(Some(&user), "Shadow bill", body)))
+    Ok(html(
+        StatusCode::OK,
+        page(Some(user.signed()), "Shadow bill", body),
+    ))
 }
 
 #[derive(Deserialize)]

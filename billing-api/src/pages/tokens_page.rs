@@ -68,7 +68,10 @@ async fn render(
             }
         }
     };
-    Ok(html(StatusCode::OK, page(Some(user), "Tokens", body)))
+    Ok(html(
+        StatusCode::OK,
+        page(Some(user.signed()), "Tokens", body),
+    ))
 }
 
 #[derive(Deserialize)]

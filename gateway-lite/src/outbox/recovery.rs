@@ -7,8 +7,9 @@ use std::path::Path;
 
 use redb::Database;
 
+use super::error::OutboxError;
 use super::log::{self, Record};
-use super::{OutboxError, Segment, ANSWERS};
+use super::shared::{Segment, ANSWERS};
 
 /// What a previous run left in the directory.
 pub(super) struct Recovered {

@@ -1,7 +1,8 @@
 //! The writer thread: the only one that appends to the log. It takes
 //! everything queued, appends it in one write and flushes once (group
 //! commit), rolls to a fresh segment when one is full, and keeps the next
-//! segment preallocated in the background.
+//! segment preallocated in the background. What handles send it
+//! ([`Message`]) is declared here, beside the loop that receives it.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -9,10 +10,31 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use redb::Durability;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
 
+use super::error::OutboxError;
 use super::log::{self, SEGMENT_BYTES};
-use super::{Append, Message, OutboxError, Segment, Shared, ANSWERS, DEPTH_GAUGE, MAX_GROUP};
+use super::shared::{Segment, Shared, ANSWERS, DEPTH_GAUGE};
+
+/// The most a writer flush takes at once.
+pub(super) const MAX_GROUP: usize = 4096;
+
+/// One event (and maybe its answer) a handle sends the writer; `done`
+/// hears once it is durable.
+pub(super) struct Append {
+    pub(super) key: String,
+    pub(super) payload: Vec<u8>,
+    /// An idempotent answer to store with the event: (key, value).
+    pub(super) answer: Option<(Vec<u8>, Vec<u8>)>,
+    pub(super) done: oneshot::Sender<Result<(), OutboxError>>,
+}
+
+/// What handles send the writer thread.
+pub(super) enum Message {
+    Append(Append),
+    /// Flush the "published below" mark now.
+    Sync(oneshot::Sender<Result<(), OutboxError>>),
+}
 
 /// The writer thread's state.
 pub(super) struct Writer {

@@ -70,7 +70,7 @@ use metrics::{counter, gauge};
 use redis::Script;
 use serde::{Deserialize, Serialize};
 
-use super::{interval_reports, Reading};
+use super::interval::{hour_of, interval_reports, Reading};
 use crate::metering::now_ms;
 use crate::outbox::{Outbox, OutboxError};
 use admission::cluster::Cluster;
@@ -446,7 +446,7 @@ fn next(
             && (now - started)
                 .to_std()
                 .is_ok_and(|d| d <= FIRST_INTERVAL_WITHIN)
-            && super::hour_of(started) == super::hour_of(now);
+            && hour_of(started) == hour_of(now);
         if recent {
             for r in &ours {
                 let start = Mark {

@@ -1,105 +1,18 @@
-//! The pages: server-rendered HTML (maud templates compiled into the
-//! binary), behind the same roles and the same service modules as the JSON
-//! API. Sign in with a billing token; the session lives in Postgres and the
-//! browser holds its id in an HttpOnly cookie ([`session`]). Every form
-//! carries the session's CSRF token. Nothing is fetched from the network:
-//! the stylesheet is inline and the charts are SVG drawn by the server
-//! ([`chart`]); no page needs JavaScript.
-//!
-//! Layout:
-//! - [`session`]: sign-in, sessions, CSRF
-//! - [`layout`]: the page frame, stylesheet (with print rules) and error pages
-//! - [`format`]: money, counts and shares for people
-//! - [`chart`]: SVG charts
-//! - [`shadow_page`], [`invoices_page`], [`lookup_page`], [`tokens_page`]: the pages
+//! The pages' router ([`routes`]) and the handlers that are no page of
+//! their own: the start page's redirect by role, sign-in and sign-out.
 
-pub mod chart;
-pub mod format;
-pub mod invoices_page;
-pub mod layout;
-pub mod lookup_page;
-pub mod session;
-pub mod shadow_page;
-pub mod tokens_page;
-
-use axum::extract::rejection::{FormRejection, PathRejection, QueryRejection};
-use axum::extract::{FromRequest, FromRequestParts, State};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde::Deserialize;
 
+use super::error::PageError;
+use super::extract::{CsrfForm, Form};
+use super::{invoices_page, layout, lookup_page, session, shadow_page, tokens_page};
 use crate::access::Role;
-use crate::error::BillingError;
 use crate::state::AppState;
-
-/// Why a page could not be shown: not signed in (a redirect to the sign-in
-/// page), or a [`BillingError`] with its status, as an HTML page.
-#[derive(Debug)]
-pub enum PageError {
-    SignIn,
-    Billing(BillingError),
-}
-
-impl From<BillingError> for PageError {
-    fn from(e: BillingError) -> Self {
-        match e {
-            BillingError::Unauthenticated => Self::SignIn,
-            e => Self::Billing(e),
-        }
-    }
-}
-
-macro_rules! page_error_from {
-    ($($t:ty),*) => {$(
-        impl From<$t> for PageError {
-            fn from(e: $t) -> Self {
-                Self::Billing(BillingError::from(e))
-            }
-        }
-    )*};
-}
-
-page_error_from!(sqlx::Error, QueryRejection, PathRejection);
-
-impl From<FormRejection> for PageError {
-    fn from(e: FormRejection) -> Self {
-        Self::Billing(BillingError::BadRequest(e.body_text()))
-    }
-}
-
-impl IntoResponse for PageError {
-    fn into_response(self) -> Response {
-        match self {
-            Self::SignIn => Redirect::to("/sign-in").into_response(),
-            Self::Billing(e) => layout::error_page(e),
-        }
-    }
-}
-
-/// A page's query string.
-#[derive(FromRequestParts)]
-#[from_request(via(axum::extract::Query), rejection(PageError))]
-pub struct Query<T>(pub T);
-
-/// A page's path parameters.
-#[derive(FromRequestParts)]
-#[from_request(via(axum::extract::Path), rejection(PageError))]
-pub struct Path<T>(pub T);
-
-/// A submitted form.
-#[derive(FromRequest)]
-#[from_request(via(axum::Form), rejection(PageError))]
-pub struct Form<T>(pub T);
-
-/// A form that carries only the CSRF token (and maybe a confirmation).
-#[derive(Deserialize)]
-pub struct CsrfForm {
-    pub csrf: String,
-    /// `on` when the confirmation box was ticked.
-    pub confirm: Option<String>,
-}
 
 pub fn routes() -> Router<AppState> {
     Router::new()

@@ -1,74 +1,22 @@
-//! The durable local outbox: every usage event is written here, and
-//! flushed to disk, before the client gets its answer, so a gateway killed
-//! at any instant loses no event a client was answered for.
-//!
-//! The outbox is a directory (`GATEWAY_OUTBOX`) holding an append-only
-//! [`log`] of segment files and `answers.redb`, the idempotent answers.
-//! One writer thread owns the log. Requests hand it their event and wait;
-//! it takes everything queued, appends it in one write and flushes once
-//! (group commit), so durability costs one `fdatasync` per batch, not per
-//! request. The relay reads the log in order and reports what the broker
-//! acknowledged; the writer records "published below N" in the log with
-//! its next flush (or when the relay goes quiet), and a segment file is
-//! deleted once all of its events are below that durable mark. A crash
-//! before the mark reached the disk re-sends those events; ingest counts
-//! the re-send as a duplicate: harmless, never lost.
-//!
-//! An idempotent answer is written in the same log record as its usage
-//! event, then put in `answers.redb` (without a flush of its own). Answers
-//! are made durable there before the segment holding them is deleted, and
-//! a restart puts the answers of every remaining segment in again, so a
-//! retry after a crash finds the answer if and only if the request was
-//! billed.
+//! [`Outbox`], the handle requests and the relay hold: opening the
+//! directory (recovering what a previous run left and starting the writer
+//! thread), appending events with their answers, reading what is not yet
+//! published, and marking what was.
 
-pub mod log;
-mod recovery;
-mod writer;
-
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
-use redb::{Database, ReadableDatabase, ReadableTableMetadata, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTableMetadata};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use self::log::{Record, SEGMENT_BYTES};
-use self::recovery::recover;
-use self::writer::Writer;
-
-/// (api key id, NUL, Idempotency-Key) → answer (see `idempotency`).
-const ANSWERS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idempotent_answers");
-/// Events waiting in the outbox, kept current by every append and delete.
-pub const DEPTH_GAUGE: &str = "gateway_outbox_depth";
-/// The most a writer flush takes at once.
-const MAX_GROUP: usize = 4096;
-
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum OutboxError {
-    #[error("outbox storage: {0}")]
-    Storage(String),
-    #[error("outbox writer has stopped")]
-    Closed,
-}
-
-macro_rules! storage_err {
-    ($($t:ty),*) => {$(
-        impl From<$t> for OutboxError {
-            fn from(e: $t) -> Self { Self::Storage(e.to_string()) }
-        }
-    )*};
-}
-storage_err!(
-    std::io::Error,
-    redb::SetDurabilityError,
-    redb::DatabaseError,
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError
-);
+use super::error::OutboxError;
+use super::log::{self, Record, SEGMENT_BYTES};
+use super::recovery::recover;
+use super::shared::{Segment, Shared, State, ANSWERS, DEPTH_GAUGE};
+use super::writer::{Append, Message, Writer, MAX_GROUP};
 
 /// One stored event.
 #[derive(Debug, Clone)]
@@ -79,20 +27,6 @@ pub struct Entry {
     pub payload: Vec<u8>,
 }
 
-struct Append {
-    key: String,
-    payload: Vec<u8>,
-    /// An idempotent answer to store with the event: (key, value).
-    answer: Option<(Vec<u8>, Vec<u8>)>,
-    done: oneshot::Sender<Result<(), OutboxError>>,
-}
-
-enum Message {
-    Append(Append),
-    /// Flush the "published below" mark now.
-    Sync(oneshot::Sender<Result<(), OutboxError>>),
-}
-
 /// A handle to the outbox; cheap to clone.
 #[derive(Clone)]
 pub struct Outbox {
@@ -100,44 +34,6 @@ pub struct Outbox {
     messages: mpsc::Sender<Message>,
     /// Wakes the relay when something was committed.
     pub committed: Arc<Notify>,
-}
-
-/// What the writer, the relay and request handlers share.
-struct Shared {
-    dir: PathBuf,
-    answers: Database,
-    state: Mutex<State>,
-    depth: AtomicU64,
-    /// Held for as long as the outbox is open: one process per directory.
-    _lock: File,
-}
-
-/// A segment file and what the writer has flushed into it.
-#[derive(Debug, Clone, Copy)]
-struct Segment {
-    index: u64,
-    /// Where its durable records end.
-    end: u64,
-    /// The highest event sequence number in it.
-    last_seq: Option<u64>,
-}
-
-struct State {
-    /// Segments on disk, oldest first; the last one is being written.
-    segments: VecDeque<Segment>,
-    /// Every event below this was published.
-    cursor: u64,
-    /// Published events at or above the cursor (acknowledged out of order).
-    acked: BTreeSet<u64>,
-    /// The cursor as last flushed to the log.
-    durable_cursor: u64,
-    /// Where the relay's reading starts: (segment index, offset). Every
-    /// record before it is below the cursor.
-    read_from: (u64, u64),
-    /// Groups whose answers went into `answers.redb` without a flush, and
-    /// how many of those a durable commit covered.
-    answers_written: u64,
-    answers_synced: u64,
 }
 
 impl Outbox {
@@ -384,12 +280,6 @@ impl Outbox {
     /// Events waiting to be published (kept in memory, no disk read).
     pub fn depth(&self) -> u64 {
         self.shared.depth.load(Ordering::Relaxed)
-    }
-}
-
-impl Shared {
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -1,52 +1,13 @@
-//! Replica reports: the busy, idle and lent GPU time of the replicas behind
-//! this gateway, written to the outbox as [`ReplicaReport`]s and published
-//! beside the usage events.
-//!
-//! Idle time is nobody's request, and a dedicated replica's hours are its
-//! owner's whether used or not, so neither can come from usage events.
-//! Each replica is reported once, never once per gateway in front of it:
-//!
-//! - a **simulated pool** lives inside its gateway, so each gateway reports
-//!   its own replicas (this module's [`Reporter`]);
-//! - an **HTTP upstream** is reported by one gateway at a time, elected in
-//!   the shared Redis ([`remote`]). An `engine` binary (`replica_reports:
-//!   true`) serves its replicas' GPU time so far; any other (vLLM serves
-//!   no GPU time) is read from the gateways' shared GPU ledger
-//!   ([`admission::gpu_ledger`]): the replica's busy time over every gateway
-//!   in front of it, idle being the rest of wall time × GPUs.
-//!
-//! Every [`GATEWAY_REPLICA_REPORT_SECS`](crate::config::GatewayConfig) and
-//! at each UTC hour boundary the reporter reads every replica's GPU time so
-//! far and appends one report per replica and UTC hour with what changed
-//! since the last report: busy (attributed to requests) and idle
-//! GPU-seconds, and on a dedicated replica the part of busy that ran other
-//! tenants' work (lent), in the engine's time, exact to the microsecond.
-//! An interval that crosses an hour (a late tick, a takeover) is split at
-//! the boundary in proportion to wall time ([`interval_reports`]), so the
-//! hours can be off by the length of a tick, never the sum. The outbox
-//! makes each report durable before it is published and the report id
-//! makes a re-send harmless. A graceful stop reports the last interval; a
-//! gateway killed outright loses at most one interval of the replicas it
-//! reported (`gateway_replica_report_seconds` bounds it).
+//! Turning two readings of a replica's GPU time into reports: one per UTC
+//! hour the interval touches, split in proportion to wall time so the
+//! pieces sum to the whole exactly. Pure arithmetic, shared by the
+//! simulated pool's reporter and the elected reporter of HTTP upstreams.
 
-pub mod remote;
-
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::time::Duration;
-
-use admission::upstream::Upstreams;
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use engine::{BusyIdle, ReplicaGpuTime};
-use metrics::counter;
 use rust_decimal::Decimal;
-use tokio::sync::watch;
 use usage_contract::replica_report::{RECORD_KIND, REPORT_VERSION};
 use usage_contract::ReplicaReport;
-
-use crate::metering::now_ms;
-use crate::outbox::{Outbox, OutboxError};
-use admission::cluster::Cluster;
 
 /// A replica's GPU time so far, read at `at`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,121 +94,7 @@ pub fn interval_reports(
         .collect()
 }
 
-/// Reports the replicas behind this gateway; see the module docs.
-pub struct Reporter {
-    engine: Arc<Upstreams>,
-    outbox: Outbox,
-    gateway_id: String,
-    /// The simulated models this gateway serves (a model behind an HTTP
-    /// upstream has no simulated replicas running).
-    models: HashSet<String>,
-    last: HashMap<String, Reading>,
-    /// Replicas that died and were reported to the end.
-    finished: HashSet<String>,
-    /// The HTTP upstreams this gateway may be elected to report.
-    remote: Vec<remote::RemoteReplicas>,
-}
-
-impl Reporter {
-    /// Starts every simulated replica's clock and takes the first reading
-    /// (nothing is reported for it: it is where the first interval starts).
-    pub async fn start(
-        engine: Arc<Upstreams>,
-        outbox: Outbox,
-        gateway_id: String,
-        cluster: Cluster,
-    ) -> Self {
-        let models = engine
-            .models()
-            .iter()
-            .filter(|m| !m.remote)
-            .map(|m| m.name.clone())
-            .collect();
-        let remote = engine
-            .remote()
-            .iter()
-            .map(|u| remote::RemoteReplicas::new(u.clone(), cluster.clone()))
-            .collect();
-        let mut reporter = Self {
-            engine,
-            outbox,
-            gateway_id,
-            models,
-            last: HashMap::new(),
-            finished: HashSet::new(),
-            remote,
-        };
-        let at = now_ms();
-        for r in reporter.readings().await {
-            reporter
-                .last
-                .insert(r.replica_id, Reading { at, time: r.time });
-        }
-        reporter
-    }
-
-    async fn readings(&self) -> Vec<ReplicaGpuTime> {
-        let mut all = self.engine.simulator().gpu_time().await;
-        all.retain(|r| self.models.contains(&r.model) && !self.finished.contains(&r.replica_id));
-        all
-    }
-
-    /// Appends the reports of every simulated replica covering the time
-    /// since the last, then those of the `engine` binaries this gateway is
-    /// elected for, and returns how many it appended.
-    pub async fn report(&mut self) -> Result<usize, OutboxError> {
-        let now = now_ms();
-        let mut appended = 0;
-        for r in self.readings().await {
-            let to = Reading {
-                at: now,
-                time: r.time,
-            };
-            let Some(from) = self.last.insert(r.replica_id.clone(), to) else {
-                // A replica first seen now starts its first interval here.
-                continue;
-            };
-            for report in interval_reports(&self.gateway_id, &r, from, to) {
-                self.outbox
-                    .append(r.replica_id.clone(), report.to_json())
-                    .await?;
-                appended += 1;
-            }
-            if r.dead {
-                self.finished.insert(r.replica_id);
-            }
-        }
-        for remote in &mut self.remote {
-            appended += remote.report(&self.outbox, &self.gateway_id).await?;
-        }
-        counter!("gateway_replica_reports_total").increment(appended as u64);
-        Ok(appended)
-    }
-
-    /// Reports every `every` and at each hour boundary until `stop` turns
-    /// true, then reports the last interval and returns.
-    pub async fn run(mut self, every: Duration, mut stop: watch::Receiver<bool>) {
-        loop {
-            let now = Utc::now();
-            let to_hour = (hour_of(now) + TimeDelta::hours(1) - now)
-                .to_std()
-                .unwrap_or_default();
-            let wait = every.min(to_hour.max(Duration::from_millis(1)));
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
-                _ = stop.changed() => {}
-            }
-            if let Err(e) = self.report().await {
-                tracing::error!(error = %e, "cannot write replica reports to the outbox");
-            }
-            if *stop.borrow() {
-                return;
-            }
-        }
-    }
-}
-
-fn hour_of(t: DateTime<Utc>) -> DateTime<Utc> {
+pub(super) fn hour_of(t: DateTime<Utc>) -> DateTime<Utc> {
     t.duration_trunc(TimeDelta::hours(1)).unwrap_or(t)
 }
 
