@@ -15,7 +15,8 @@
 //!   one statement for the hourly rollups (usage_hourly, usage_key_hourly per
 //!   API key, dedicated_usage_hourly) and the late hours
 //! - [`unnest_path`]: the earlier statements for both, kept for `ingest-bench`'s
-//!   before and after (`INGEST_WRITE_PATH=unnest`)
+//!   before and after (`INGEST_WRITE_PATH=unnest`); [`write_path`] names
+//!   which of the two a batch uses
 //! - [`capacity`]: replica reports (idle and dedicated GPU time) and the
 //!   usage that ran on dedicated replicas, in the same transaction
 //! - [`offsets`]: offsets in Postgres, moved by compare-and-set
@@ -56,6 +57,7 @@ pub mod session;
 pub mod store;
 pub mod telemetry;
 pub mod unnest_path;
+pub mod write_path;
 
 pub use config::IngestConfig;
 pub use error::IngestError;

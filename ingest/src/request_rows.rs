@@ -32,8 +32,8 @@ use usage_contract::StoredRequest;
 use uuid::Uuid;
 
 use crate::batch::Candidate;
-use crate::store::WritePath;
 use crate::unnest_path::{RequestColumns, INSERT_ROWS};
+use crate::write_path::WritePath;
 
 /// Which of a batch's ids were inserted.
 #[derive(Debug)]

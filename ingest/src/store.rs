@@ -17,6 +17,7 @@ use crate::hourly::upsert_rollups;
 use crate::offsets::{self, ConsumerKey, Ledger};
 use crate::request_rows::{insert_request_rows, stored_rows};
 use crate::unnest_path;
+pub use crate::write_path::WritePath;
 
 /// What a committed batch did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -86,19 +87,6 @@ pub enum SynchronousCommit {
     /// the stored offsets behind the positions it holds (the periodic
     /// offsets check, which runs while idle too) and consumes them again.
     Off,
-}
-
-/// How a batch's request rows and rollups are written. Both write the same
-/// rows and sums; only the statements differ.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum WritePath {
-    /// The request rows as one array of composite rows, and one pass and one
-    /// statement for the three hourly rollups and the late hours.
-    #[default]
-    Rows,
-    /// The earlier statements ([`crate::unnest_path`]), kept so that
-    /// `ingest-bench` measures before and after in one run.
-    Unnest,
 }
 
 /// How a batch is written and committed.
