@@ -160,23 +160,24 @@ async fn a_waiter_with_no_room_is_refused_at_its_budget_and_charged_nothing() {
     assert!(rig.place(&waiter, 2).await.is_ok());
 }
 
-/// A priority-5 caller whose wait budget is 10 s (its TTFT objective).
-fn urgent() -> Caller {
+/// A caller of `priority` whose wait budget is `budget_ms` (its TTFT
+/// objective).
+fn with_budget(tenant: &str, priority: i16, budget_ms: u32) -> Caller {
     Caller {
         slo: fleet::slo::Slo {
-            ttft_p95_ms: Some(10_000),
+            ttft_p95_ms: Some(budget_ms),
             ..Default::default()
         },
-        ..caller("urgent", 5)
+        ..caller(tenant, priority)
     }
 }
 
-/// A run of `tenant` at `priority` on `replica`, preemptible as the
-/// gateway registers a non-streamed request.
-fn register(rig: &Rig, replica: &str, tenant: &str, priority: i16) -> Registration {
+/// A run of `tenant` at `priority` on `placed`'s replica, preemptible as
+/// the gateway registers a non-streamed request.
+fn register(rig: &Rig, placed: &Placed, tenant: &str, priority: i16) -> Registration {
     rig.queues.preemptions(MODEL).unwrap().register(Run {
         model: MODEL,
-        replica,
+        replica: placed.generation.replica_id().unwrap(),
         owner: None,
         tenant,
         priority,
@@ -187,14 +188,17 @@ fn register(rig: &Rig, replica: &str, tenant: &str, priority: i16) -> Registrati
 async fn a_priority_5_waiter_preempts_the_lowest_run_at_half_its_budget() {
     let rig = Rig::new();
     let low = rig.full(1).await;
-    let replica = low.generation.replica_id().unwrap().to_owned();
-    let mut victim = register(&rig, &replica, "low", 1);
+    let mut victim = register(&rig, &low, "low", 1);
     // A second run of priority 3 on the same replica is not the lowest.
-    let mut spared = register(&rig, &replica, "standard", 3);
+    let mut spared = register(&rig, &low, "standard", 3);
     let began = Instant::now();
     let waiter = {
         let rig = rig.clone();
-        tokio::spawn(async move { rig.place(&urgent(), 1).await.map(|p| p.queued) })
+        tokio::spawn(async move {
+            rig.place(&with_budget("urgent", 5, 10_000), 1)
+                .await
+                .map(|p| p.queued)
+        })
     };
     let told = victim.preempted().await;
     assert_eq!(told.by_tenant, "urgent");
@@ -220,17 +224,9 @@ async fn a_priority_5_waiter_preempts_the_lowest_run_at_half_its_budget() {
 async fn below_priority_5_a_waiter_never_preempts() {
     let rig = Rig::new();
     let low = rig.full(1).await;
-    let replica = low.generation.replica_id().unwrap().to_owned();
-    let mut run = register(&rig, &replica, "low", 1);
+    let mut run = register(&rig, &low, "low", 1);
     // Priority 4, a 4 s budget: well within the victim's run.
-    let reserved = Caller {
-        priority: 4,
-        slo: fleet::slo::Slo {
-            ttft_p95_ms: Some(4_000),
-            ..Default::default()
-        },
-        ..urgent()
-    };
+    let reserved = with_budget("reserved", 4, 4_000);
     let refused = rig.place(&reserved, 1).await.err().expect("refused");
     assert!(matches!(refused, Refused::QueueTimeout(_)), "{refused:?}");
     assert!(
