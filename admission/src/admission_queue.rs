@@ -1,14 +1,22 @@
 //! Queues before the engine (`GATEWAY_QUEUE=on`): a request the model's
 //! replica cannot admit for its class right now waits in that model's
 //! [`fleet::Queue`] — strict priority levels, and within a level weighted
-//! fair queuing by the tenant's `wfq_weight` on virtual time, its cost the
-//! request's estimated GPU time (prompt + max output through the model's
-//! profile) — instead of getting 503 at once.
+//! fair sharing by the tenant's `wfq_weight` of the GPU time really used
+//! (a request's estimate, prompt + expected output through the model's
+//! profile, stands in until it completes) — instead of getting 503 at
+//! once.
 //!
-//! Each request that ends on a model wakes the first waiter of its queue,
-//! which tries the engine again (a tick every [`TICK`] wakes one more, in
-//! case capacity came back otherwise); one that still does not fit goes
-//! back in line with its own virtual clock, so it keeps its fair place.
+//! A request goes straight to a replica only when nobody waits at its
+//! priority level or above ([`Queues::must_queue`]); otherwise, or when
+//! the replica has no room for its class, it joins the queue
+//! ([`Queues::join`]). The queue lets one request try at a time, the
+//! first in its order: each request that ends on a model wakes it (and a
+//! tick every [`TICK`], in case capacity came back otherwise); one that
+//! fits leaves and wakes the next, so dispatch goes on while there is
+//! room; one that still does not fit keeps its place ([`Spot::not_yet`]).
+//! A request is charged its estimated GPU time when it leaves the queue
+//! to run, and when it completes [`Queues::completed`] charges its tenant
+//! what it really used instead.
 //!
 //! - A request waits at most its tenant's **wait budget**: its TTFT
 //!   objective; with only an end-to-end objective, a fifth of it; best
@@ -28,10 +36,11 @@
 //!   aborts it) and sends it again from the queue.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::Notify;
 
 use crate::caller::Caller;
 
@@ -42,13 +51,29 @@ pub const BEST_EFFORT_WAIT: Duration = Duration::from_secs(2);
 /// The longest any wait budget is.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
-type Waiter = oneshot::Sender<()>;
+/// A queued request's side of its wait.
+#[derive(Default)]
+struct Waiter {
+    /// Its turn to try the engine.
+    turn: Notify,
+    /// It was told to try and has not said how it went.
+    trying: AtomicBool,
+    /// A wake came while it was trying: it tries again at once.
+    missed: AtomicBool,
+}
+
+type Waiting = Arc<Waiter>;
 
 /// One model's queue.
 struct ModelQueue {
-    queue: Mutex<fleet::Queue<Waiter>>,
+    queue: Mutex<fleet::Queue<Waiting>>,
 }
 
+impl ModelQueue {
+    fn lock(&self) -> MutexGuard<'_, fleet::Queue<Waiting>> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 /// Every model's queue; cheap to clone.
 #[derive(Clone)]
 pub struct Queues {
@@ -144,80 +169,147 @@ impl Queues {
         self.models.contains_key(model)
     }
 
-    /// Waits in `model`'s queue until woken (`Ok`: try the engine again),
-    /// or says why not; `wait` is what is left of the request's budget.
-    pub async fn wait(
+    /// Where `caller` waits in the queue (the FIFO baseline puts
+    /// everyone in one line).
+    fn line<'c>(&self, caller: &'c Caller) -> (&'c str, i16, u32) {
+        if self.fifo {
+            ("*", 1, 1)
+        } else {
+            (caller.tenant_id.as_str(), caller.priority, caller.weight)
+        }
+    }
+
+    /// Whether an arrival of `caller` for `model` must join the queue
+    /// rather than go straight to a replica: someone waits at its level
+    /// or above.
+    pub fn must_queue(&self, model: &str, caller: &Caller) -> bool {
+        let (_, priority, _) = self.line(caller);
+        self.models
+            .get(model)
+            .is_some_and(|q| q.lock().waiting_at_or_above(priority))
+    }
+
+    /// Joins `model`'s queue with its estimated cost (GPU-µs), charged to
+    /// its tenant when it leaves to run; or says its level is full.
+    pub fn join(
         &self,
         model: &str,
         caller: &Caller,
         cost_gpu_micros: u64,
-        wait: Duration,
-    ) -> Result<(), NotRun> {
+    ) -> Result<Spot<'_>, NotRun> {
+        let (tenant, priority, weight) = self.line(caller);
         let Some(q) = self.models.get(model) else {
-            return Ok(());
+            return Err(NotRun::Full { level: 0, depth: 0 });
         };
-        let (tx, rx) = oneshot::channel();
-        let ticket = {
-            let mut queue = q.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            let (tenant, priority, weight) = if self.fifo {
-                ("*", 1, 1)
-            } else {
-                (caller.tenant_id.as_str(), caller.priority, caller.weight)
-            };
-            queue
-                .push(tenant, priority, weight, cost_gpu_micros, tx)
-                .map_err(|f| NotRun::Full {
-                    level: f.level,
-                    depth: f.depth,
-                })?
-                .ticket
-        };
+        let waiter = Waiting::default();
+        let ticket = q
+            .lock()
+            .push(tenant, priority, weight, cost_gpu_micros, waiter.clone())
+            .map_err(|f| NotRun::Full {
+                level: f.level,
+                depth: f.depth,
+            })?;
         crate::telemetry::queued(model, self.depth(model));
-        // Cancelled however the wait ends unwoken (timeout, client gone).
-        let guard = CancelOnDrop(ticket);
-        let woken = tokio::time::timeout(wait, rx).await;
-        match woken {
-            Ok(Ok(())) => {
-                std::mem::forget(guard);
-                Ok(())
-            }
-            _ => Err(NotRun::Timeout(wait)),
-        }
+        // If there is room now, the first in line (perhaps this one) tries.
+        self.wake(model);
+        Ok(Spot {
+            queues: self,
+            model: q,
+            name: model.to_owned(),
+            waiter,
+            ticket,
+        })
     }
 
-    /// Wakes the first waiter of `model`'s queue (a request there ended).
+    /// Tells the first in `model`'s line to try the engine (a request
+    /// there ended, or the tick), unless it is trying already.
     pub fn wake(&self, model: &str) {
         let Some(q) = self.models.get(model) else {
             return;
         };
-        let mut skipped = Vec::new();
-        let mut queue = q.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        // A waiter that gave up meanwhile cannot take the turn: the next one does.
-        while let Some(waiter) = queue.pop_if(|_| true, &mut skipped) {
-            if waiter.send(()).is_ok() {
-                break;
+        let mut queue = q.lock();
+        if let Some(first) = queue.front() {
+            if first.trying.swap(true, Ordering::AcqRel) {
+                first.missed.store(true, Ordering::Release);
+            } else {
+                first.turn.notify_one();
             }
         }
     }
 
+    /// A request of `caller` on `model` completed: its tenant is charged
+    /// the GPU time it used (`actual_gpu_micros`) instead of the estimate
+    /// it was charged when it left the queue, and the next in line may
+    /// fit now.
+    pub fn completed(
+        &self,
+        model: &str,
+        caller: &Caller,
+        estimated_gpu_micros: u64,
+        actual_gpu_micros: u64,
+    ) {
+        if let Some(q) = self.models.get(model) {
+            let (tenant, priority, weight) = self.line(caller);
+            q.lock().correct(
+                tenant,
+                priority,
+                weight,
+                estimated_gpu_micros,
+                actual_gpu_micros,
+            );
+        }
+        self.wake(model);
+    }
+
     /// Requests waiting for `model`, every level.
     pub fn depth(&self, model: &str) -> usize {
-        self.models.get(model).map_or(0, |q| {
-            q.queue
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .lens()
-                .iter()
-                .sum()
-        })
+        self.models
+            .get(model)
+            .map_or(0, |q| q.lock().lens().iter().sum())
     }
 }
 
-struct CancelOnDrop(fleet::Ticket);
+/// A request's place in its model's queue, from [`Queues::join`] until it
+/// runs ([`Spot::dispatched`]) or gives up (dropped: charged nothing, the
+/// next in line woken).
+pub struct Spot<'q> {
+    queues: &'q Queues,
+    model: &'q ModelQueue,
+    name: String,
+    waiter: Waiting,
+    ticket: fleet::Ticket,
+}
 
-impl Drop for CancelOnDrop {
+impl Spot<'_> {
+    /// Waits until it is this request's turn to try the engine, for at
+    /// most `wait`.
+    pub async fn turn(&self, wait: Duration) -> Result<(), NotRun> {
+        tokio::time::timeout(wait, self.waiter.turn.notified())
+            .await
+            .map_err(|_| NotRun::Timeout(wait))
+    }
+
+    /// It tried and still does not fit: it keeps its place, and tries
+    /// again on the next wake (at once if one came meanwhile).
+    pub fn not_yet(&self) {
+        self.waiter.trying.store(false, Ordering::Release);
+        if self.waiter.missed.swap(false, Ordering::AcqRel) {
+            self.queues.wake(&self.name);
+        }
+    }
+
+    /// It runs: it leaves the queue, charged its estimate, and the next in
+    /// line tries (there may be room for more).
+    pub fn dispatched(self) {
+        self.model.lock().dispatch(&self.ticket);
+        // Drop finds it gone and wakes the next.
+    }
+}
+
+impl Drop for Spot<'_> {
     fn drop(&mut self) {
-        self.0.cancel();
+        self.model.lock().cancel(&self.ticket);
+        self.queues.wake(&self.name);
     }
 }
 

@@ -3,15 +3,17 @@
 //!
 //! 1. **Limits** ([`crate::limits`]): every limit the request needs is
 //!    charged at once, or none is ([`Refused::Limit`], a 429).
-//! 2. **The engine**: the model's engine (simulated replicas, or HTTP
-//!    replicas through [`crate::upstream`]) starts it if there is room for
-//!    its class.
-//! 3. **The fair queue** ([`crate::admission_queue`]), when there is no
-//!    room and the fairness layer is on: it waits in its model's queue
-//!    (strict priority, then WFQ by tenant weight) for up to its wait
-//!    budget, then tries the engine again; a full level is
-//!    [`Refused::QueueFull`], a spent budget [`Refused::QueueTimeout`]
-//!    (429s). Without a queue, no room is [`Refused::Engine`] at once (503).
+//! 2. **The fast path**: when nobody waits in the model's queue at its
+//!    priority level or above, the model's engine (simulated replicas, or
+//!    HTTP replicas through [`crate::upstream`]) starts it if there is room
+//!    for its class.
+//! 3. **The fair queue** ([`crate::admission_queue`]), when someone waits
+//!    at its level or above, or there is no room, and the fairness layer
+//!    is on: it joins its model's queue (strict priority, then WFQ by
+//!    tenant weight, charged once) and tries the engine in its turn, for
+//!    up to its wait budget; a full level is [`Refused::QueueFull`], a
+//!    spent budget [`Refused::QueueTimeout`] (429s). Without a queue, no
+//!    room is [`Refused::Engine`] at once (503).
 //! 4. **Preemption** ([`crate::preemption`]): a priority-5 request still
 //!    waiting at half its budget preempts a lower request in flight, once;
 //!    so does the owner of dedicated replicas of the model, taking back what
@@ -144,70 +146,33 @@ pub async fn place(admission: Admission<'_>, ask: Ask<'_>) -> Result<Placed, Ref
         .admitted(retry, Instant::now().into_std());
 
     let arrived = Instant::now();
-    let deadline = arrived + admission_queue::budget(caller);
+    let budget = admission_queue::budget(caller);
     let owns_replicas = admission.engine.owns_replicas(model, &caller.tenant_id);
-    let preemptor = fleet::preempt::Preemptor {
-        tenant: &caller.tenant_id,
-        priority: caller.priority,
-        depth: 0,
-        lent_only: caller.priority < PREEMPTOR_PRIORITY,
+    let lent_only = caller.priority < PREEMPTOR_PRIORITY;
+    let preempts = !lent_only || owns_replicas;
+    let turn = Turn {
+        caller,
+        request,
+        streams,
+        cost,
+        budget,
+        preempt_after: preempts.then(|| budget / 2),
+        preemptor: fleet::preempt::Preemptor {
+            tenant: &caller.tenant_id,
+            priority: caller.priority,
+            depth: 0,
+            lent_only,
+        },
+        owns_replicas,
     };
-    let preempts = !preemptor.lent_only || owns_replicas;
-    let mut preempt_at = preempts.then(|| arrived + (deadline - arrived) / 2);
-    let mut owner_waiting = None;
-    let generation = loop {
-        let refused = match admission.engine.start(request, streams).await {
-            Ok(generation) => break generation,
-            Err(e) => e,
-        };
-        // No room for its class now: wait in the model's fair queue.
-        let queue = admission
-            .queues
-            .filter(|q| q.serves(model) && no_room(&refused));
-        if owns_replicas && queue.is_some() && owner_waiting.is_none() {
-            owner_waiting = admission.engine.owner_waiting(model, &caller.tenant_id);
+    let generation = match start_in_turn(admission, turn).await {
+        Ok(generation) => generation,
+        Err(refused) => {
+            // Not admitted by the engine: nothing charged.
+            permit.settle(0, Instant::now().into_std());
+            return Err(refused);
         }
-        let waited = match queue {
-            None => Err(None),
-            Some(q) => {
-                let now = Instant::now();
-                let left = deadline.saturating_duration_since(now);
-                match (preempt_at, q.preemptions(model)) {
-                    (Some(at), Some(registry)) if at > now => {
-                        // Wait until the preemption point first.
-                        match q.wait(model, caller, cost, at - now).await {
-                            Ok(()) => Ok(()),
-                            Err(NotRun::Timeout(_)) => {
-                                preempt_at = None;
-                                registry.preempt_for(model, preemptor);
-                                Ok(())
-                            }
-                            Err(full) => Err(Some(full)),
-                        }
-                    }
-                    (Some(_), Some(registry)) => {
-                        preempt_at = None;
-                        registry.preempt_for(model, preemptor);
-                        q.wait(model, caller, cost, left).await.map_err(Some)
-                    }
-                    _ => q.wait(model, caller, cost, left).await.map_err(Some),
-                }
-            }
-        };
-        let why = match waited {
-            Ok(()) => continue,
-            Err(why) => why,
-        };
-        // Not admitted by the engine: nothing charged.
-        permit.settle(0, Instant::now().into_std());
-        return Err(match why {
-            Some(NotRun::Full { level, depth }) => Refused::QueueFull { level, depth },
-            Some(NotRun::Timeout(_)) => Refused::QueueTimeout(deadline - arrived),
-            None => Refused::Engine(refused),
-        });
     };
-    // Placed: the owner now counts as running on its replica, if it is there.
-    drop(owner_waiting);
     let preemptible = !streams
         && admission
             .queues
@@ -223,3 +188,126 @@ pub async fn place(admission: Admission<'_>, ask: Ask<'_>) -> Result<Placed, Ref
 
 #[cfg(test)]
 mod tests;
+
+/// A preempted request asks again: it waits in its model's queue at its
+/// own priority (behind its preemptor) for up to [`admission_queue::MAX_WAIT`],
+/// and if it cannot start at once preempts a lower request in turn, one
+/// level deeper (`depth`). Its limits are still held from its first start.
+pub async fn again(
+    admission: Admission<'_>,
+    caller: &Caller,
+    request: &CompletionRequest,
+    cost_gpu_micros: u64,
+    depth: u8,
+) -> Result<Generation, Refused> {
+    start_in_turn(
+        admission,
+        Turn {
+            caller,
+            request,
+            streams: false,
+            cost: cost_gpu_micros,
+            budget: admission_queue::MAX_WAIT,
+            preempt_after: Some(Duration::ZERO),
+            preemptor: fleet::preempt::Preemptor {
+                tenant: &caller.tenant_id,
+                priority: caller.priority,
+                depth,
+                lent_only: false,
+            },
+            owns_replicas: false,
+        },
+    )
+    .await
+}
+
+/// A request between its limits and the engine.
+struct Turn<'a> {
+    caller: &'a Caller,
+    request: &'a CompletionRequest,
+    streams: bool,
+    /// Its estimated GPU-µs: its charge in the fair queue.
+    cost: u64,
+    /// How long it may wait for room.
+    budget: Duration,
+    /// After how long it preempts a lower request if it still waits (once).
+    preempt_after: Option<Duration>,
+    preemptor: fleet::preempt::Preemptor<'a>,
+    /// Its tenant owns dedicated replicas of the model (lent to no one
+    /// else while it waits).
+    owns_replicas: bool,
+}
+
+/// Starts the request on the engine: at once when nobody waits at its
+/// level or above (the fast path), else in its turn in the model's queue;
+/// a request that finds no room joins the queue too. See the module docs.
+async fn start_in_turn(admission: Admission<'_>, turn: Turn<'_>) -> Result<Generation, Refused> {
+    let Turn {
+        caller,
+        request,
+        streams,
+        cost,
+        budget,
+        preempt_after,
+        preemptor,
+        owns_replicas,
+    } = turn;
+    let model = request.model.as_str();
+    let arrived = Instant::now();
+    let deadline = arrived + budget;
+    let mut preempt_at = preempt_after.map(|after| arrived + after);
+    let queue = admission.queues.filter(|q| q.serves(model));
+    let Some(q) = queue else {
+        return admission
+            .engine
+            .start(request, streams)
+            .await
+            .map_err(Refused::Engine);
+    };
+    if !q.must_queue(model, caller) {
+        match admission.engine.start(request, streams).await {
+            Ok(generation) => return Ok(generation),
+            Err(e) if no_room(&e) => {}
+            Err(e) => return Err(Refused::Engine(e)),
+        }
+    }
+    let spot = q.join(model, caller, cost).map_err(|full| match full {
+        NotRun::Full { level, depth } => Refused::QueueFull { level, depth },
+        NotRun::Timeout(wait) => Refused::QueueTimeout(wait),
+    })?;
+    // Until it runs, the owner's replicas are lent to no one else.
+    let _owner_waiting = owns_replicas
+        .then(|| admission.engine.owner_waiting(model, &caller.tenant_id))
+        .flatten();
+    loop {
+        // Its turn to try; at the preemption point, it preempts (once) and
+        // waits on.
+        let now = Instant::now();
+        match (preempt_at, q.preemptions(model)) {
+            (Some(at), Some(registry)) if at <= now => {
+                preempt_at = None;
+                registry.preempt_for(model, preemptor);
+                continue;
+            }
+            (Some(at), Some(_)) => {
+                if spot.turn(at - now).await.is_err() {
+                    continue;
+                }
+            }
+            // A turn already due is not taken past the deadline.
+            _ if now >= deadline => return Err(Refused::QueueTimeout(budget)),
+            _ => spot
+                .turn(deadline - now)
+                .await
+                .map_err(|_| Refused::QueueTimeout(budget))?,
+        }
+        match admission.engine.start(request, streams).await {
+            Ok(generation) => {
+                spot.dispatched();
+                return Ok(generation);
+            }
+            Err(e) if no_room(&e) => spot.not_yet(),
+            Err(e) => return Err(Refused::Engine(e)),
+        }
+    }
+}

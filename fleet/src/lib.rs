@@ -30,4 +30,4 @@ pub mod preempt;
 pub mod queue;
 pub mod slo;
 
-pub use queue::{Enqueued, Full, Queue, QueueConfig, Ticket};
+pub use queue::{Full, Queue, QueueConfig, Ticket};

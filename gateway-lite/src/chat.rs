@@ -192,7 +192,6 @@ async fn handle(
     // Only a request that sends nothing before it ends can be preempted.
     let requeue = placed.preemptible.then(|| crate::metering::Requeue {
         request: engine_request.clone(),
-        cost_gpu_micros: cost,
     });
     let run = Run {
         state: state.clone(),
@@ -203,6 +202,7 @@ async fn handle(
         started_at: now_ms(),
         queued: placed.queued,
         prompt_tokens,
+        cost_gpu_micros: cost,
         permit: placed.permit,
         idempotency,
         requeue,

@@ -36,6 +36,7 @@ use axum::body::Bytes;
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use engine::{Completion, CompletionRequest, EngineError, Piece};
 use openai_wire::ChunkStream;
+use rust_decimal::prelude::ToPrimitive;
 use rust_decimal::Decimal;
 use tokio::sync::{mpsc, oneshot};
 use usage_contract::{FinishReason, Placement, RequestId, UsageEvent, SCHEMA_VERSION};
@@ -57,6 +58,9 @@ pub struct Run {
     /// How long it waited in the model's fair queue before the engine took it.
     pub queued: std::time::Duration,
     pub prompt_tokens: u64,
+    /// Its estimated GPU time (GPU-µs): what the fair queue charged it
+    /// before it ran, corrected by what it used when it completes.
+    pub cost_gpu_micros: u64,
     pub permit: Permit,
     pub idempotency: Option<Guard>,
     /// What to ask the engine again if the request is preempted: set for
@@ -70,8 +74,6 @@ pub struct Run {
 #[derive(Debug, Clone)]
 pub struct Requeue {
     pub request: CompletionRequest,
-    /// Its cost in the fair queue (estimated GPU-µs).
-    pub cost_gpu_micros: u64,
 }
 
 /// The attempts a request lost to preemption.
@@ -259,7 +261,7 @@ impl Run {
             lost_gpu_seconds = %self.lost.gpu_seconds,
             "preempted; queued again"
         );
-        let (Some(requeue), Some(queues)) = (self.requeue.clone(), self.state.queues.clone())
+        let (Some(requeue), Some(queues)) = (self.requeue.as_ref(), self.state.queues.as_ref())
         else {
             return Err(GatewayError::Engine(
                 "a preempted request could not be queued again".into(),
@@ -267,33 +269,15 @@ impl Run {
         };
         // Its room is free now: the next in line (the preemptor) may start.
         queues.wake(&self.model);
-        let deadline = Instant::now() + admission::admission_queue::MAX_WAIT;
-        let mut preempted_for_it = false;
-        loop {
-            match self.state.engine.start(&requeue.request, false).await {
-                Ok(again) => return Ok(again),
-                Err(EngineError::NoCapacity { .. } | EngineError::UpstreamBusy { .. }) => {}
-                Err(e) => return Err(GatewayError::from(e)),
-            }
-            if !preempted_for_it {
-                preempted_for_it = queues.preemptions(&self.model).is_some_and(|r| {
-                    r.preempt_for(
-                        &self.model,
-                        fleet::preempt::Preemptor {
-                            tenant: &self.caller.tenant_id,
-                            priority: self.caller.priority,
-                            depth: self.lost.depth,
-                            lent_only: false,
-                        },
-                    )
-                });
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            queues
-                .wait(&self.model, &self.caller, requeue.cost_gpu_micros, left)
-                .await
-                .map_err(|_| GatewayError::QueueTimeout(admission::admission_queue::MAX_WAIT))?;
-        }
+        admission::place::again(
+            self.state.admission(),
+            &self.caller,
+            &requeue.request,
+            self.cost_gpu_micros,
+            self.lost.depth,
+        )
+        .await
+        .map_err(GatewayError::from)
     }
 
     /// Streaming: forwards the generation to `tx` as SSE frames until it
@@ -482,8 +466,12 @@ impl Run {
             Instant::now(),
         );
         if let Some(queues) = &self.state.queues {
-            // Its KV is free: the next in line may fit now.
-            queues.wake(&self.model);
+            // Its tenant is charged what it used; its KV is free, so the
+            // next in line may fit now.
+            let used = (event.gpu_seconds * Decimal::from(1_000_000))
+                .to_u64()
+                .unwrap_or(u64::MAX);
+            queues.completed(&self.model, &self.caller, self.cost_gpu_micros, used);
         }
         if let Some(ms) = event.tpot_ms.filter(|ms| *ms > 0) {
             let tpot = std::time::Duration::from_millis(ms as u64);

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,25 +27,36 @@ async fn settle() {
     }
 }
 
-/// `callers` wait in this order, each costing the same; then the queue
-/// lets one go at a time: the tenants in the order they went.
+/// `callers` join in this order, each costing the same, while there is
+/// no room; then room for one more comes at a time: the tenants in the
+/// order they ran.
 async fn order(callers: Vec<Caller>) -> Vec<String> {
     let queues = Queues::new([MODEL.to_owned()], 64);
+    let room = Arc::new(AtomicUsize::new(0));
     let went = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for c in callers {
-        let (queues, went) = (queues.clone(), went.clone());
+        let (queues, room, went) = (queues.clone(), room.clone(), went.clone());
         tasks.push(tokio::spawn(async move {
-            queues
-                .wait(MODEL, &c, 1_000_000, Duration::from_secs(600))
-                .await
-                .unwrap();
-            went.lock().unwrap().push(c.tenant_id.clone());
+            let spot = queues.join(MODEL, &c, 1_000_000).unwrap();
+            loop {
+                spot.turn(Duration::from_secs(600)).await.unwrap();
+                let fits = room
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| r.checked_sub(1))
+                    .is_ok();
+                if fits {
+                    went.lock().unwrap().push(c.tenant_id.clone());
+                    spot.dispatched();
+                    return;
+                }
+                spot.not_yet();
+            }
         }));
         settle().await;
     }
     assert_eq!(queues.depth(MODEL), tasks.len(), "all of them wait");
     for _ in 0..tasks.len() {
+        room.fetch_add(1, Ordering::AcqRel);
         queues.wake(MODEL);
         settle().await;
     }
@@ -80,4 +92,25 @@ async fn within_a_priority_waiters_go_by_their_tenants_weight() {
     // with the weights ignored).
     let heavy = went[..8].iter().filter(|t| *t == "heavy").count();
     assert_eq!(heavy, 6, "{went:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_arrival_queues_behind_anyone_waiting_at_its_level_or_above() {
+    let queues = Queues::new([MODEL.to_owned()], 64);
+    let standard = caller("standard", 3, 1);
+    assert!(
+        !queues.must_queue(MODEL, &standard),
+        "nobody waits: straight to a replica"
+    );
+    let waiting = queues.join(MODEL, &standard, 1_000).unwrap();
+    // Whatever room there is, an arrival of its level or below queues
+    // behind it; only a higher level goes first.
+    assert!(queues.must_queue(MODEL, &caller("other", 3, 8)));
+    assert!(queues.must_queue(MODEL, &caller("low", 1, 1)));
+    assert!(!queues.must_queue(MODEL, &caller("reserved", 4, 1)));
+    drop(waiting);
+    assert!(
+        !queues.must_queue(MODEL, &caller("low", 1, 1)),
+        "it left: nobody waits"
+    );
 }

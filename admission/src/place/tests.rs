@@ -46,7 +46,7 @@ struct Rig {
 
 impl Rig {
     fn new() -> Arc<Self> {
-        let profile: ModelProfile = serde_json::from_value(serde_json::json!({
+        Self::with_pool(serde_json::json!({
             "name": MODEL,
             "version": "tiny-1",
             "gpus": 1,
@@ -60,12 +60,16 @@ impl Rig {
             "flops_per_second": 100_000_000_000_000_u64,
             "max_context": 1024,
         }))
-        .unwrap();
+    }
+
+    /// A rig whose one model's pool is `profile` (named [`MODEL`]).
+    fn with_pool(profile: serde_json::Value) -> Arc<Self> {
+        let profile: ModelProfile = serde_json::from_value(profile).unwrap();
         let simulator = Arc::new(Simulator::try_new(vec![profile], 1).unwrap());
         Arc::new(Self {
             limiter: Limiter::new(None, Cluster::local("place-tests")),
             engine: Upstreams::simulated(simulator),
-            queues: Queues::new([MODEL.to_owned()], 64),
+            queues: Queues::new([MODEL.to_owned()], 1_000),
             retry_budget: RetryBudget::default(),
             kept: Mutex::default(),
         })
@@ -82,15 +86,29 @@ impl Rig {
 
     /// Places one request of `caller` (numbered `n`, which seeds it).
     async fn place(&self, caller: &Caller, n: u64) -> Result<Placed, Refused> {
+        self.place_sized(caller, n, PROMPT_WORDS, OUTPUT, 1_000_000)
+            .await
+    }
+
+    /// Places request `n` of `caller`: `prompt_words` words (one token
+    /// each) and `output` tokens, charged `cost_gpu_micros` in the queue.
+    async fn place_sized(
+        &self,
+        caller: &Caller,
+        n: u64,
+        prompt_words: usize,
+        output: u32,
+        cost_gpu_micros: u64,
+    ) -> Result<Placed, Refused> {
         let request = CompletionRequest {
             model: MODEL.to_owned(),
             // Its own first words, so no two share a cached prefix.
             prompt: format!(
                 "request {n} of {}{}",
                 caller.tenant_id,
-                " the".repeat(PROMPT_WORDS)
+                " the".repeat(prompt_words)
             ),
-            max_tokens: Some(OUTPUT),
+            max_tokens: Some(output),
             seed: n,
             tenant_id: caller.tenant_id.clone(),
             class: ServiceClass::from_priority(caller.priority),
@@ -102,9 +120,9 @@ impl Rig {
             request_id: format!("req-{n}"),
             streams: false,
             retry: false,
-            estimate: PROMPT_WORDS as u64 + u64::from(OUTPUT) + 8,
+            estimate: prompt_words as u64 + u64::from(output) + 8,
             kv_mib_seconds: 1,
-            cost_gpu_micros: 1_000_000,
+            cost_gpu_micros,
         };
         place(self.admission(), ask).await
     }
@@ -236,3 +254,5 @@ async fn below_priority_5_a_waiter_never_preempts() {
         "a priority-4 waiter preempted"
     );
 }
+
+mod fairness;
