@@ -76,13 +76,28 @@ async fn flood_until_one_times_out(
 /// One more long stream waits in line; the last held one ends (its client
 /// leaves): the waiting one runs when room comes, within its budget (one
 /// still waiting at the end of its budget is answered 429), and joins
-/// `held`.
+/// `held`. It is sent once the ladder has seen the queue empty again: a
+/// queue that held at two looks saturates the pool, and priority 1 is
+/// refused at the door until then.
 async fn the_next_in_line_runs_when_room_comes(
     client: &reqwest::Client,
     chat: &str,
+    url: &str,
     held: &mut Vec<reqwest::Response>,
     gateway: &tests::Service,
 ) {
+    let recovered = Instant::now();
+    while !tests::gateway::metrics(url)
+        .await
+        .lines()
+        .any(|l| l == "gateway_pool_saturated 0")
+    {
+        assert!(
+            recovered.elapsed() < Duration::from_secs(10),
+            "the pool stayed saturated with its queue empty"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let waiting = tokio::spawn({
         let (client, chat) = (client.clone(), chat.to_owned());
         async move {
@@ -129,7 +144,7 @@ async fn a_full_replica_queues_and_a_freed_one_takes_the_next_in_line() {
     let mut held = flood_until_one_times_out(&client, &chat, Duration::from_secs(2)).await;
     // One more waits in line; one of the long streams ends (its client
     // leaves): the waiting one runs at once, well within its budget.
-    the_next_in_line_runs_when_room_comes(&client, &chat, &mut held, &gateway).await;
+    the_next_in_line_runs_when_room_comes(&client, &chat, &url, &mut held, &gateway).await;
     let m = tests::gateway::metrics(&url).await;
     assert!(
         m.lines().any(|l| l.starts_with("gateway_rejections_total{")
@@ -357,7 +372,7 @@ async fn a_full_http_upstream_queues_too_and_its_refusals_leave_the_shared_ledge
     let send = |b: Value| client.post(&chat).bearer_auth(FLOOD).json(&b).send();
 
     let mut held = flood_until_one_times_out(&client, &chat, Duration::from_secs(4)).await;
-    the_next_in_line_runs_when_room_comes(&client, &chat, &mut held, &gateway).await;
+    the_next_in_line_runs_when_room_comes(&client, &chat, &url, &mut held, &gateway).await;
     let ran = held.len() + 1;
     drop(held);
     let rows = wait_for_log(&stack, "flood", ran, &[&gateway, &ingest, &engine]).await;
