@@ -78,9 +78,9 @@ impl ModelQueue {
 #[derive(Clone)]
 pub struct Queues {
     models: Arc<HashMap<String, Arc<ModelQueue>>>,
-    /// One line for everyone: no priority levels, no weights (the
-    /// noisy-neighbour drill's baseline, never a gateway setting).
-    fifo: bool,
+    /// What the queue applies: everything in a gateway; less in the
+    /// noisy-neighbour drill's baselines.
+    discipline: Discipline,
     /// The runs priority preemption may choose from.
     preemptions: crate::preemption::Preemptions,
 }
@@ -89,6 +89,22 @@ impl std::fmt::Debug for Queues {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Queues").finish_non_exhaustive()
     }
+}
+
+/// The mechanisms a queue applies, each adding one to the last: what the
+/// noisy-neighbour drill replays one at a time to show what each brings.
+/// A gateway always runs [`Discipline::Full`]; the others are never a
+/// setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Discipline {
+    /// One first-in-first-out line for everyone.
+    Fifo,
+    /// Strict priority levels; within a level, every tenant weighs the same.
+    Levels,
+    /// Levels, and within a level fair sharing by tenant weight.
+    Weighted,
+    /// Levels, weights and priority preemption.
+    Full,
 }
 
 /// Why a queued request did not get to run.
@@ -115,17 +131,16 @@ impl Queues {
     /// A queue for each of `models`, `depth` per priority level, each
     /// woken every [`TICK`] by a task of its own.
     pub fn new(models: impl IntoIterator<Item = String>, depth: usize) -> Self {
-        Self::build(models, depth, false)
+        Self::with(models, depth, Discipline::Full)
     }
 
-    /// Like [`Queues::new`], but a plain FIFO: every request in one line,
-    /// whatever its tenant and priority. What the fair queue is measured
-    /// against; no gateway runs it.
-    pub fn fifo(models: impl IntoIterator<Item = String>, depth: usize) -> Self {
-        Self::build(models, depth, true)
-    }
-
-    fn build(models: impl IntoIterator<Item = String>, depth: usize, fifo: bool) -> Self {
+    /// Like [`Queues::new`], applying only what `discipline` says: what
+    /// the fair queue is measured against; no gateway runs it.
+    pub fn with(
+        models: impl IntoIterator<Item = String>,
+        depth: usize,
+        discipline: Discipline,
+    ) -> Self {
         let config = fleet::QueueConfig {
             depth: [depth; fleet::queue::LEVELS],
         };
@@ -140,7 +155,7 @@ impl Queues {
             .collect();
         let queues = Self {
             models: Arc::new(models),
-            fifo,
+            discipline,
             preemptions: crate::preemption::Preemptions::default(),
         };
         let ticking = queues.clone();
@@ -159,9 +174,9 @@ impl Queues {
     }
 
     /// The preemption registry, when requests of `model` can be preempted
-    /// (it queues, and the queue has priorities: not the FIFO baseline).
+    /// (it queues, and the queue preempts: not a drill's baseline).
     pub fn preemptions(&self, model: &str) -> Option<&crate::preemption::Preemptions> {
-        (!self.fifo && self.serves(model)).then_some(&self.preemptions)
+        (self.discipline == Discipline::Full && self.serves(model)).then_some(&self.preemptions)
     }
 
     /// Whether `model` queues.
@@ -169,13 +184,14 @@ impl Queues {
         self.models.contains_key(model)
     }
 
-    /// Where `caller` waits in the queue (the FIFO baseline puts
-    /// everyone in one line).
+    /// Where `caller` waits in the queue: its tenant, level and weight,
+    /// as far as the discipline looks at them.
     fn line<'c>(&self, caller: &'c Caller) -> (&'c str, i16, u32) {
-        if self.fifo {
-            ("*", 1, 1)
-        } else {
-            (caller.tenant_id.as_str(), caller.priority, caller.weight)
+        let tenant = caller.tenant_id.as_str();
+        match self.discipline {
+            Discipline::Fifo => ("*", 1, 1),
+            Discipline::Levels => (tenant, caller.priority, 1),
+            Discipline::Weighted | Discipline::Full => (tenant, caller.priority, caller.weight),
         }
     }
 

@@ -23,7 +23,7 @@ use engine::{CompletionRequest, ModelProfile, ServiceClass};
 use tokio::time::Instant;
 
 use super::*;
-use crate::admission_queue::{Queues, BEST_EFFORT_WAIT};
+use crate::admission_queue::{Discipline, Queues, BEST_EFFORT_WAIT};
 use crate::cluster::Cluster;
 use crate::preemption::{Registration, Run};
 
@@ -38,6 +38,8 @@ const STEP: Duration = Duration::from_millis(500);
 struct Rig {
     limiter: Limiter,
     engine: Upstreams,
+    /// The pool behind `engine`, for its replicas' own GPU time.
+    simulator: Arc<Simulator>,
     queues: Queues,
     retry_budget: RetryBudget,
     /// Requests that hold their place until the test ends.
@@ -64,12 +66,18 @@ impl Rig {
 
     /// A rig whose one model's pool is `profile` (named [`MODEL`]).
     fn with_pool(profile: serde_json::Value) -> Arc<Self> {
+        Self::with_discipline(profile, Discipline::Full)
+    }
+
+    /// A rig whose queue applies only `discipline`.
+    fn with_discipline(profile: serde_json::Value, discipline: Discipline) -> Arc<Self> {
         let profile: ModelProfile = serde_json::from_value(profile).unwrap();
         let simulator = Arc::new(Simulator::try_new(vec![profile], 1).unwrap());
         Arc::new(Self {
             limiter: Limiter::new(None, Cluster::local("place-tests")),
-            engine: Upstreams::simulated(simulator),
-            queues: Queues::new([MODEL.to_owned()], 1_000),
+            engine: Upstreams::simulated(simulator.clone()),
+            simulator,
+            queues: Queues::with([MODEL.to_owned()], 100_000, discipline),
             retry_budget: RetryBudget::default(),
             kept: Mutex::default(),
         })
@@ -90,17 +98,10 @@ impl Rig {
             .await
     }
 
-    /// Places request `n` of `caller`: `prompt_words` words (one token
-    /// each) and `output` tokens, charged `cost_gpu_micros` in the queue.
-    async fn place_sized(
-        &self,
-        caller: &Caller,
-        n: u64,
-        prompt_words: usize,
-        output: u32,
-        cost_gpu_micros: u64,
-    ) -> Result<Placed, Refused> {
-        let request = CompletionRequest {
+    /// Request `n` of `caller`: `prompt_words` words (one token each) and
+    /// `output` tokens.
+    fn request(caller: &Caller, n: u64, prompt_words: usize, output: u32) -> CompletionRequest {
+        CompletionRequest {
             model: MODEL.to_owned(),
             // Its own first words, so no two share a cached prefix.
             prompt: format!(
@@ -113,7 +114,20 @@ impl Rig {
             tenant_id: caller.tenant_id.clone(),
             class: ServiceClass::from_priority(caller.priority),
             body: None,
-        };
+        }
+    }
+
+    /// Places request `n` of `caller` ([`Rig::request`]), charged
+    /// `cost_gpu_micros` in the queue.
+    async fn place_sized(
+        &self,
+        caller: &Caller,
+        n: u64,
+        prompt_words: usize,
+        output: u32,
+        cost_gpu_micros: u64,
+    ) -> Result<Placed, Refused> {
+        let request = Self::request(caller, n, prompt_words, output);
         let ask = Ask {
             caller,
             request: &request,
@@ -255,4 +269,5 @@ async fn below_priority_5_a_waiter_never_preempts() {
     );
 }
 
+mod drill;
 mod fairness;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission::admission_queue::Queues;
+use admission::admission_queue::{Discipline, Queues};
 use admission::cluster::Cluster;
 use admission::limits::Limiter;
 use admission::upstream::Upstreams;
@@ -215,7 +215,7 @@ pub async fn start(mode: Mode, drill: &Drill) -> anyhow::Result<Gateway> {
     }
     let queues = match mode {
         Mode::Fair | Mode::FairUncapped => Some(Queues::new([MODEL.to_owned()], 1_000)),
-        Mode::Fifo => Some(Queues::fifo([MODEL.to_owned()], 100_000)),
+        Mode::Fifo => Some(Queues::with([MODEL.to_owned()], 100_000, Discipline::Fifo)),
         Mode::Classes => None,
     };
     let state = AppState {
