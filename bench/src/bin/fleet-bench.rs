@@ -1,7 +1,11 @@
 //! The fair queue's own cost: nanoseconds per enqueue + dequeue with
 //! 10,000 requests waiting across the five reference tenants (each at its
 //! priority level, with its WFQ weight), next to a plain FIFO (`VecDeque`)
-//! doing the same in the same run — the cost of fairness itself. And the
+//! doing the same in the same run — the cost of fairness itself. Then the
+//! same through admission's queues as `place` uses them (the lock, the
+//! waiter's wake-up, join then dispatch), p50 and p99 per request; and
+//! `place`'s fast-path check (does anyone wait at my level?) on an empty
+//! queue, p99, next to reading the clock (what timing one call costs). And the
 //! router's: nanoseconds to place a request on a pool of 12 replicas by
 //! power of two choices on KV headroom (a fresh reading of one replica
 //! every 12 placements), next to round robin.
@@ -69,6 +73,7 @@ fn main() -> anyhow::Result<()> {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    admission_queues(queued);
     let (mut p2c_ns, mut rr_ns) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let (p2c, rr) = routing(ops);
@@ -90,6 +95,62 @@ fn main() -> anyhow::Result<()> {
          round robin:                         {rr:.0} ns per placement"
     );
     Ok(())
+}
+
+/// Per-call ns at the 50th and 99th percentile of `f` over `calls` calls.
+fn percentiles(calls: u64, mut f: impl FnMut(u64)) -> (u128, u128) {
+    let mut ns: Vec<u128> = (0..calls)
+        .map(|i| {
+            let started = Instant::now();
+            f(i);
+            started.elapsed().as_nanos()
+        })
+        .collect();
+    ns.sort_unstable();
+    (ns[ns.len() / 2], ns[ns.len() * 99 / 100])
+}
+
+/// `place`'s side of the queue: the fast path's check on an empty queue,
+/// and join + dispatch with `queued` waiting, as admission runs them.
+fn admission_queues(queued: u64) {
+    use admission::admission_queue::Queues;
+    use admission::caller::Caller;
+    const MODEL: &str = "llama-3.1-70b";
+    let callers: Vec<Caller> = TENANTS
+        .iter()
+        .map(|(t, p, w)| Caller {
+            weight: *w,
+            ..Caller::unlimited(t, &format!("key-{t}"), *p)
+        })
+        .collect();
+    let calls = 1_000_000;
+    let queues = Queues::new([MODEL.to_owned()], usize::MAX);
+    let clock = percentiles(calls, |_| {
+        black_box(Instant::now());
+    });
+    let fast = percentiles(calls, |i| {
+        black_box(queues.must_queue(MODEL, &callers[(i % 5) as usize]));
+    });
+    // 10,000 waiting; then one joins and the first in line is dispatched.
+    let mut waiting: VecDeque<_> = (0..queued)
+        .map(|i| queues.join(MODEL, &callers[(i % 5) as usize], cost(i)))
+        .collect::<Result<_, _>>()
+        .unwrap_or_default();
+    let both = percentiles(calls, |i| {
+        if let Ok(spot) = queues.join(MODEL, &callers[(i % 5) as usize], cost(i)) {
+            waiting.push_back(spot);
+        }
+        // The request each tenant's turn comes to; any one leaves as fast.
+        if let Some(spot) = waiting.pop_front() {
+            spot.dispatched();
+        }
+    });
+    eprintln!(
+        "admission's queues, {calls} calls each
+           fast path (an empty queue: does anyone wait at my level?): p50 {} ns  p99 {} ns  (reading the clock: p99 {} ns)
+           join + dispatch with {queued} waiting across 5 tenants:     p50 {} ns  p99 {} ns",
+        fast.0, fast.1, clock.1, both.0, both.1
+    );
 }
 
 /// ns per placement: power of two choices on a 12-replica pool (one
