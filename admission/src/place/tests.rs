@@ -64,6 +64,26 @@ impl Rig {
         }))
     }
 
+    /// A fast pool of `replicas`: 10 ms steps and KV for 4,096 tokens
+    /// each, so a dozen requests run at once on each replica and hundreds
+    /// complete every simulated 10 s.
+    fn fast_pool(replicas: u64) -> serde_json::Value {
+        serde_json::json!({
+            "name": MODEL,
+            "version": "fast-1",
+            "gpus": 1,
+            "replicas": replicas,
+            "weight_bytes": 10_000_000_u64,
+            "flops_per_token": 1_000_000_000_u64,
+            "kv_bytes_per_token": 1024,
+            "kv_budget_bytes": 4_194_304,
+            "hbm_bytes_per_second": 1_000_000_000_u64,
+            "bandwidth_efficiency_percent": 100,
+            "flops_per_second": 100_000_000_000_000_u64,
+            "max_context": 2048,
+        })
+    }
+
     /// A rig whose one model's pool is `profile` (named [`MODEL`]).
     fn with_pool(profile: serde_json::Value) -> Arc<Self> {
         Self::with_discipline(profile, Discipline::Full)

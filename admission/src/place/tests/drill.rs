@@ -36,23 +36,7 @@ const EST_GPU_MICROS_PER_TOKEN: u64 = 200;
 const REPLICAS: u64 = 2;
 
 fn pool(discipline: Discipline) -> Arc<Rig> {
-    Rig::with_discipline(
-        serde_json::json!({
-            "name": MODEL,
-            "version": "drill-1",
-            "gpus": 1,
-            "replicas": REPLICAS,
-            "weight_bytes": 10_000_000_u64,
-            "flops_per_token": 1_000_000_000_u64,
-            "kv_bytes_per_token": 1024,
-            "kv_budget_bytes": 4_194_304,
-            "hbm_bytes_per_second": 1_000_000_000_u64,
-            "bandwidth_efficiency_percent": 100,
-            "flops_per_second": 100_000_000_000_000_u64,
-            "max_context": 2048,
-        }),
-        discipline,
-    )
+    Rig::with_discipline(Rig::fast_pool(REPLICAS), discipline)
 }
 
 /// One tenant's traffic: a request every `every` from `from` to `until`.

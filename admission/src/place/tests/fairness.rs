@@ -27,20 +27,7 @@ const WINDOW: Duration = Duration::from_secs(10);
 const EST_GPU_MICROS_PER_TOKEN: u64 = 200;
 
 fn busy_pool() -> Arc<Rig> {
-    Rig::with_pool(serde_json::json!({
-        "name": MODEL,
-        "version": "busy-1",
-        "gpus": 1,
-        "replicas": 1,
-        "weight_bytes": 10_000_000_u64,
-        "flops_per_token": 1_000_000_000_u64,
-        "kv_bytes_per_token": 1024,
-        "kv_budget_bytes": 4_194_304,
-        "hbm_bytes_per_second": 1_000_000_000_u64,
-        "bandwidth_efficiency_percent": 100,
-        "flops_per_second": 100_000_000_000_000_u64,
-        "max_context": 2048,
-    }))
+    Rig::with_pool(Rig::fast_pool(1))
 }
 
 /// One tenant's clients.
