@@ -1,0 +1,169 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+//! Weights through the real gateway: five tenants on one priority level
+//! with the reference weights 8:4:2:1:1, each with more closed-loop
+//! clients than its share of a small, fast simulated pool (two replicas of
+//! 10 ms steps, KV for 4,096 tokens each, in real time), for 40 s over
+//! HTTP. What each tenant got is read from `request_log` — the GPU time
+//! the replicas attributed to each request, as billed — by the time each
+//! request finished, not from anything the queue keeps. Runs in the serial
+//! test group (`.config/nextest.toml`): its shares come from a loaded
+//! machine's real time.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rust_decimal::prelude::ToPrimitive;
+use rust_decimal::Decimal;
+use serde_json::json;
+use tests::gateway::{seed_tenant, start_gateway_with, start_ingest, TenantLimits};
+use tests::TestStack;
+
+/// (tenant, weight, closed-loop clients): each enough to keep a request
+/// waiting beyond its share of the ~20 requests the pool runs at once.
+const TENANTS: [(&str, i32, usize); 5] = [
+    ("w-acme", 8, 20),
+    ("w-medai", 4, 12),
+    ("w-finserv", 2, 8),
+    ("w-research", 1, 6),
+    ("w-codegen", 1, 6),
+];
+const WINDOW: Duration = Duration::from_secs(10);
+const WINDOWS: u32 = 4;
+/// Over HTTP on a busy machine, in 10 s windows where the smallest
+/// tenants complete ~1.2 GPU-s each: ±15% of each weight's share.
+const BOUND: f64 = 0.15;
+
+/// The pool: `llama-3.1-8b` by name (its prices), a tiny model by
+/// profile, so a few dozen clients saturate it.
+fn profiles(dir: &std::path::Path) -> String {
+    let path = dir.join("profiles.json");
+    let profile = json!({"profiles": [{
+        "name": "llama-3.1-8b",
+        "version": "tiny-fast-1",
+        "gpus": 1,
+        "replicas": 2,
+        "weight_bytes": 10_000_000_u64,
+        "flops_per_token": 1_000_000_000_u64,
+        "kv_bytes_per_token": 1024,
+        "kv_budget_bytes": 4_194_304,
+        "hbm_bytes_per_second": 1_000_000_000_u64,
+        "bandwidth_efficiency_percent": 100,
+        "flops_per_second": 100_000_000_000_000_u64,
+        "max_context": 2048,
+    }]});
+    std::fs::write(&path, profile.to_string()).unwrap();
+    path.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backlogged_tenants_share_gpu_time_by_weight_over_http() {
+    let stack = TestStack::new("gwweights").await;
+    for (tenant, weight, _) in TENANTS {
+        let limits = TenantLimits {
+            rpm: Some(1_000_000),
+            tpm: Some(1_000_000_000),
+            ..Default::default()
+        };
+        seed_tenant(&stack, tenant, &format!("sk-test-{tenant}"), limits).await;
+        // One level (standard), the reference weights, a 30 s wait budget.
+        sqlx::query(
+            "UPDATE tenants SET priority = 3, wfq_weight = $2, slo_ttft_p95_ms = 30000 WHERE tenant_id = $1",
+        )
+        .bind(tenant)
+        .bind(weight)
+        .execute(&stack.pool)
+        .await
+        .unwrap();
+    }
+    let settings = [
+        ("GATEWAY_QUEUE", "on".to_owned()),
+        ("ENGINE_PROFILES", profiles(stack.dir.path())),
+    ];
+    let (gateway, url) = start_gateway_with(&stack, 1, &settings).await;
+    let ingest = start_ingest(&stack);
+    let client = reqwest::Client::new();
+    let chat = format!("{url}/v1/chat/completions");
+    let began = Instant::now();
+    let began_at = chrono::Utc::now();
+    let length = WINDOW * WINDOWS;
+    let mut clients = Vec::new();
+    for (tenant, _, n) in TENANTS {
+        for c in 0..n {
+            let (client, chat) = (client.clone(), chat.clone());
+            clients.push(tokio::spawn(async move {
+                let mut sent = 0u64;
+                while began.elapsed() < length {
+                    let body = json!({
+                        "model": "llama-3.1-8b",
+                        "messages": [{"role": "user", "content": format!("{tenant} {c} {sent}{}", " the".repeat(300))}],
+                        "max_tokens": 16,
+                    });
+                    let res = client
+                        .post(&chat)
+                        .bearer_auth(format!("sk-test-{tenant}"))
+                        .json(&body)
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = res.status();
+                    assert_eq!(status, 200, "{tenant}: {}", res.text().await.unwrap());
+                    sent += 1;
+                }
+                sent
+            }));
+        }
+    }
+    let mut sent = 0;
+    for c in clients {
+        sent += c.await.unwrap();
+    }
+    // Every answered request is billed: wait for them all in request_log.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let rows: Vec<(String, chrono::DateTime<chrono::Utc>, Decimal)> = loop {
+        let rows: Vec<(String, chrono::DateTime<chrono::Utc>, Decimal)> = sqlx::query_as(
+            "SELECT tenant_id, finished_at, gpu_seconds FROM request_log WHERE tenant_id LIKE 'w-%'",
+        )
+        .fetch_all(&stack.pool)
+        .await
+        .unwrap();
+        if rows.len() as u64 >= sent {
+            break rows;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {sent} requests in request_log: {}\n{}",
+            rows.len(),
+            gateway.log_tail(),
+            ingest.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(rows.len() as u64, sent);
+    let total_weight: i32 = TENANTS.iter().map(|t| t.1).sum();
+    for w in 1..WINDOWS {
+        let (from, to) = (began_at + WINDOW * w, began_at + WINDOW * (w + 1));
+        let mut gpu: BTreeMap<&str, Decimal> = BTreeMap::new();
+        for (tenant, at, g) in &rows {
+            if *at >= from && *at < to {
+                let t = TENANTS.iter().find(|t| t.0 == tenant).unwrap().0;
+                *gpu.entry(t).or_default() += g;
+            }
+        }
+        let all: Decimal = gpu.values().sum();
+        let mut table = format!("window {w}:");
+        let mut worst = 0.0_f64;
+        for (tenant, weight, _) in TENANTS {
+            let got = (gpu.get(tenant).copied().unwrap_or_default() / all)
+                .to_f64()
+                .unwrap();
+            let want = f64::from(weight) / f64::from(total_weight);
+            worst = worst.max((got / want - 1.0).abs());
+            table += &format!(" {tenant} {got:.4} (weight {want:.4});");
+        }
+        eprintln!("{table} worst {worst:.3}");
+        assert!(
+            worst <= BOUND,
+            "a share off its weight by more than {BOUND}: {table}"
+        );
+    }
+}
