@@ -84,8 +84,8 @@ fn main() -> anyhow::Result<()> {
     let (fair, fifo) = (median(&mut fair_ns), median(&mut fifo_ns));
     eprintln!(
         "{queued} queued across 5 tenants and 5 levels, {ops} enqueue+dequeue pairs, median of {rounds} rounds\n  \
-         fair queue (priority + WFQ): {fair:.0} ns per enqueue+dequeue\n  \
-         plain FIFO (VecDeque):       {fifo:.0} ns per enqueue+dequeue\n  \
+         fair queue (levels + weights): {fair:.0} ns per enqueue+dequeue\n  \
+         plain FIFO (VecDeque):         {fifo:.0} ns per enqueue+dequeue\n  \
          fairness costs {:.0} ns more per request",
         fair - fifo
     );

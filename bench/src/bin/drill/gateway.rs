@@ -28,6 +28,13 @@ pub enum Mode {
     FairUncapped,
     Classes,
     Fifo,
+    /// Caps lifted, the queue with priority levels only (no weights, no
+    /// preemption, no ladder): one mechanism added to FIFO.
+    Levels,
+    /// + weights within a level.
+    Weights,
+    /// + priority preemption (still no ladder; `fair-uncapped` adds it).
+    Preemption,
 }
 
 impl Mode {
@@ -39,6 +46,9 @@ impl Mode {
             }
             Self::Classes => "classes only (GATEWAY_QUEUE=off: KV admission by class, 503 when full)",
             Self::Fifo => "FIFO (one line, shared pool, caps lifted: the reference incident)",
+            Self::Levels => "priority levels only (caps lifted, no weights, preemption or ladder)",
+            Self::Weights => "levels + weights (caps lifted, no preemption or ladder)",
+            Self::Preemption => "levels + weights + preemption (caps lifted, no ladder)",
         }
     }
 }
@@ -50,6 +60,9 @@ impl std::fmt::Display for Mode {
             Self::FairUncapped => "fair-uncapped",
             Self::Classes => "classes",
             Self::Fifo => "fifo",
+            Self::Levels => "levels",
+            Self::Weights => "weights",
+            Self::Preemption => "preemption",
         })
     }
 }
@@ -187,7 +200,12 @@ pub async fn start(mode: Mode, drill: &Drill) -> anyhow::Result<Gateway> {
     let dir = tempfile::tempdir()?;
     let registry = Registry::default();
     for t in &TENANTS {
-        registry.insert(t.key, caller(t, mode));
+        let mut c = caller(t, mode);
+        // Two standard-tier tenants: research-squad on finserv-team's level.
+        if drill.same_level && mode != Mode::Fifo && t.id == "research-squad" {
+            c.priority = 3;
+        }
+        registry.insert(t.key, c);
     }
     let mut profiles: Vec<ModelProfile> = ModelProfile::reference()
         .into_iter()
@@ -213,11 +231,15 @@ pub async fn start(mode: Mode, drill: &Drill) -> anyhow::Result<Gateway> {
     if let Some(l) = &ladder {
         limiter = limiter.with_ladder(l.clone());
     }
-    let queues = match mode {
-        Mode::Fair | Mode::FairUncapped => Some(Queues::new([MODEL.to_owned()], 1_000)),
-        Mode::Fifo => Some(Queues::with([MODEL.to_owned()], 100_000, Discipline::Fifo)),
+    let discipline = match mode {
+        Mode::Fair | Mode::FairUncapped | Mode::Preemption => Some(Discipline::Full),
+        Mode::Weights => Some(Discipline::Weighted),
+        Mode::Levels => Some(Discipline::Levels),
+        Mode::Fifo => Some(Discipline::Fifo),
         Mode::Classes => None,
     };
+    let depth = if mode == Mode::Fifo { 100_000 } else { 1_000 };
+    let queues = discipline.map(|d| Queues::with([MODEL.to_owned()], depth, d));
     let state = AppState {
         speedup: 1,
         request_timeout: Duration::from_secs(300),

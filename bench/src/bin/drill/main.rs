@@ -19,6 +19,12 @@
 //!   replicas, every tenant at the standard class with its rate and
 //!   concurrency caps lifted.
 //!
+//! `--modes fifo,levels,weights,preemption,fair-uncapped` replays the
+//! queue's mechanisms one at a time instead (caps lifted in each, so only
+//! the queue differs; `fair-uncapped` adds the ladder and SLO borrowing);
+//! `--dedicated 0` without acme's replicas; `--same-level` with
+//! research-squad on finserv-team's level, where the weights must show.
+//!
 //! Each replay prints what every tenant got, the criteria with their
 //! measured figures and pass/fail, and the GPU time the replicas spent
 //! against what the usage events bill. The FIFO replay must breach acme's
@@ -60,7 +66,13 @@ pub struct Drill {
     /// Of which acme-corp owns this many.
     #[arg(long, default_value_t = 4)]
     pub dedicated: u32,
-    /// Only these replays (fair, fair-uncapped, classes, fifo), comma-separated.
+    /// research-squad on finserv-team's level (priority 3), so two tenants
+    /// share one level and their weights (2 and 1) must show.
+    #[arg(long)]
+    pub same_level: bool,
+    /// Only these replays (fair, fair-uncapped, classes, fifo; and the
+    /// mechanisms one at a time: levels, weights, preemption),
+    /// comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [gateway::Mode::Fair, gateway::Mode::FairUncapped, gateway::Mode::Classes, gateway::Mode::Fifo])]
     pub modes: Vec<gateway::Mode>,
 }
