@@ -5,6 +5,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use bench::percentiles::Percentiles;
+use rust_decimal::prelude::ToPrimitive;
 use rust_decimal::Decimal;
 
 use crate::gateway::{Gateway, Mode, TENANTS};
@@ -49,6 +50,8 @@ struct Line {
     failed: u64,
     ttft_ms: Vec<f64>,
     e2e_ms: Vec<f64>,
+    /// Every request's time to its answer or its refusal.
+    all_e2e_ms: Vec<f64>,
     gpu_seconds: Decimal,
     preempted: Decimal,
     /// Refusals and errors by their OpenAI `code` (or limit type).
@@ -111,6 +114,7 @@ impl Replay {
         for o in outcomes {
             let l = &mut lines[o.tenant];
             l.sent += 1;
+            l.all_e2e_ms.push(o.e2e.as_secs_f64() * 1000.0);
             match o.status {
                 200 => {
                     l.ok += 1;
@@ -301,6 +305,39 @@ impl Replay {
                 why.join(", ")
             );
         }
+        // Each tenant's share of the GPU time against its weight's, and
+        // Jain's index over the weight-normalized shares (printed, not
+        // judged: a tenant that asked for less than its weight lowers it).
+        let total: Decimal = self.lines.iter().map(|l| l.gpu_seconds).sum();
+        let weights: u32 = TENANTS.iter().map(|t| t.weight).sum();
+        let mut normalized = Vec::new();
+        let shares: Vec<String> = TENANTS
+            .iter()
+            .zip(&self.lines)
+            .map(|(t, l)| {
+                let share = if total.is_zero() {
+                    0.0
+                } else {
+                    (l.gpu_seconds / total).to_f64().unwrap_or(0.0)
+                };
+                let want = f64::from(t.weight) / f64::from(weights);
+                normalized.push(share / want);
+                format!("{} {share:.3} (weight {want:.3})", t.id)
+            })
+            .collect();
+        let (sum, squares): (f64, f64) = (
+            normalized.iter().sum(),
+            normalized.iter().map(|x| x * x).sum(),
+        );
+        say!(
+            "GPU share: {}; Jain's index over the five {:.3}; codegen e2e p95 over all its requests (refused ones at their refusal) {}",
+            shares.join(", "),
+            sum * sum / (normalized.len() as f64 * squares),
+            {
+                let all = Percentiles::new(self.lines[4].all_e2e_ms.clone()).at(0.95);
+                if all.is_nan() { "-".to_owned() } else { format!("{all:.0} ms") }
+            }
+        );
         let windows: Vec<String> = self
             .acme_windows
             .iter()
@@ -311,7 +348,10 @@ impl Replay {
             windows.join(" ")
         );
         let verdict = |ok: bool| if ok { "pass" } else { "FAIL" };
-        if self.mode == Mode::FairUncapped {
+        if matches!(
+            self.mode,
+            Mode::FairUncapped | Mode::Levels | Mode::Weights | Mode::Preemption
+        ) {
             say!(
                 "  [n/a ] fewer than 10 of the burst admitted beyond codegen's bucket: no bucket in this replay ({} of the burst answered)",
                 self.lines[4].ok
