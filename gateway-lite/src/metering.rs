@@ -471,7 +471,10 @@ impl Run {
             let used = (event.gpu_seconds * Decimal::from(1_000_000))
                 .to_u64()
                 .unwrap_or(u64::MAX);
-            queues.completed(&self.model, &self.caller, self.cost_gpu_micros, used);
+            // Each attempt was charged the estimate when it left the queue;
+            // the GPU time includes what preempted attempts used.
+            let charged = self.cost_gpu_micros * (1 + u64::from(self.lost.preemptions));
+            queues.completed(&self.model, &self.caller, charged, used);
         }
         if let Some(ms) = event.tpot_ms.filter(|ms| *ms > 0) {
             let tpot = std::time::Duration::from_millis(ms as u64);

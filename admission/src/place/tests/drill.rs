@@ -163,7 +163,7 @@ async fn one(
     } = placed;
     // TTFT: from its arrival to the start of its last attempt, then the
     // replica's own time to its first token.
-    let (mut started, mut lost) = (start.elapsed(), 0);
+    let (mut started, mut lost, mut attempts) = (start.elapsed(), 0, 1);
     let (used, ttft) = loop {
         let mut registration = rig.queues.preemptions(MODEL).map(|r| {
             r.register(Run {
@@ -197,7 +197,7 @@ async fn one(
                 rig.queues.wake(MODEL);
                 let request = Rig::request(&caller, n, t.prompt_words, t.output);
                 match again(rig.admission(), &caller, &request, cost, p.depth).await {
-                    Ok(g) => (generation, started) = (g, start.elapsed()),
+                    Ok(g) => (generation, started, attempts) = (g, start.elapsed(), attempts + 1),
                     Err(_) => {
                         permit.settle(0, Instant::now().into_std());
                         return outcome(true, None, lost);
@@ -207,7 +207,10 @@ async fn one(
         }
     };
     permit.settle(0, Instant::now().into_std());
-    rig.queues.completed(MODEL, &caller, cost, used);
+    // As the gateway does: every attempt was charged its estimate, and
+    // every attempt's GPU time counts.
+    rig.queues
+        .completed(MODEL, &caller, cost * attempts, used + lost);
     outcome(true, Some(ttft), used + lost)
 }
 
