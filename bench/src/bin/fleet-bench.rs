@@ -146,9 +146,9 @@ fn admission_queues(queued: u64) {
         }
     });
     eprintln!(
-        "admission's queues, {calls} calls each
-           fast path (an empty queue: does anyone wait at my level?): p50 {} ns  p99 {} ns  (reading the clock: p99 {} ns)
-           join + dispatch with {queued} waiting across 5 tenants:     p50 {} ns  p99 {} ns",
+        "admission's queues, {calls} calls each\n  \
+         fast path (an empty queue: does anyone wait at my level?): p50 {} ns  p99 {} ns  (reading the clock: p99 {} ns)\n  \
+         join + dispatch with {queued} waiting across 5 tenants:     p50 {} ns  p99 {} ns",
         fast.0, fast.1, clock.1, both.0, both.1
     );
 }
