@@ -19,7 +19,7 @@
 //!   token buckets in [`limits::bucket`]
 //! - [`cluster`]: the Redis the gateways share, their liveness, the limits' mode
 //! - [`admission_queue`]: requests wait for a model's capacity in its fair
-//!   queue (`fleet::queue`: strict priority, then WFQ by tenant weight)
+//!   queue (`fleet::queue`: strict priority, then GPU time shared by tenant weight)
 //! - [`ladder`]: each priority's share of its rate under saturation and SLO
 //!   pressure, and capacity borrowing (`fleet::ladder`)
 //! - [`preemption`]: a waiting priority-5 request preempts the lowest

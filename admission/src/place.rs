@@ -9,7 +9,7 @@
 //!    for its class.
 //! 3. **The fair queue** ([`crate::admission_queue`]), when someone waits
 //!    at its level or above, or there is no room, and the fairness layer
-//!    is on: it joins its model's queue (strict priority, then WFQ by
+//!    is on: it joins its model's queue (strict priority, then fair sharing by
 //!    tenant weight, charged once) and tries the engine in its turn, for
 //!    up to its wait budget; a full level is [`Refused::QueueFull`], a
 //!    spent budget [`Refused::QueueTimeout`] (429s). Without a queue, no

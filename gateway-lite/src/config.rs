@@ -119,8 +119,10 @@ pub struct GatewayConfig {
     )]
     pub idempotency_shared_ttl_secs: u64,
     /// `on` (the fairness layer): a request a model (simulated or HTTP)
-    /// cannot admit for its class waits in that model's fair queue (strict
-    /// priority, then WFQ by `wfq_weight`) up to its tenant's wait budget, then 429
+    /// cannot admit for its class, or that finds others waiting at its
+    /// priority or above, waits in that model's fair queue (strict
+    /// priority, then the GPU time really used shared by `wfq_weight`) up
+    /// to its tenant's wait budget, then 429
     /// `queue_timeout`; with it the degradation ladder, capacity borrowing
     /// and preemption. `off`: admission by class only, 503 `no_capacity`
     /// at once.
