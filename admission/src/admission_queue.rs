@@ -214,6 +214,8 @@ impl Queues {
         cost_gpu_micros: u64,
     ) -> Result<Spot<'_>, NotRun> {
         let (tenant, priority, weight) = self.line(caller);
+        // A model without a queue has no room for anyone waiting (callers
+        // ask `serves` first).
         let Some(q) = self.models.get(model) else {
             return Err(NotRun::Full { level: 0, depth: 0 });
         };

@@ -78,13 +78,6 @@ pub struct Ticket {
     charge: u128,
 }
 
-impl Ticket {
-    /// Whether it still waits (neither dispatched nor cancelled).
-    pub fn is_waiting(&self) -> bool {
-        self.state.load(Ordering::Acquire) == WAITING
-    }
-}
-
 struct Entry<T> {
     item: T,
     state: Arc<AtomicU8>,

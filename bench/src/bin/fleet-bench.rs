@@ -18,6 +18,7 @@ use std::collections::VecDeque;
 use std::hint::black_box;
 use std::time::Instant;
 
+use bench::percentiles::Percentiles;
 use fleet::pool::{Placement, Pool, Replica};
 use fleet::{Queue, QueueConfig};
 use rand::SeedableRng;
@@ -98,16 +99,17 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Per-call ns at the 50th and 99th percentile of `f` over `calls` calls.
-fn percentiles(calls: u64, mut f: impl FnMut(u64)) -> (u128, u128) {
-    let mut ns: Vec<u128> = (0..calls)
-        .map(|i| {
-            let started = Instant::now();
-            f(i);
-            started.elapsed().as_nanos()
-        })
-        .collect();
-    ns.sort_unstable();
-    (ns[ns.len() / 2], ns[ns.len() * 99 / 100])
+fn percentiles(calls: u64, mut f: impl FnMut(u64)) -> (f64, f64) {
+    let ns = Percentiles::new(
+        (0..calls)
+            .map(|i| {
+                let started = Instant::now();
+                f(i);
+                started.elapsed().as_nanos() as f64
+            })
+            .collect(),
+    );
+    (ns.at(0.50), ns.at(0.99))
 }
 
 /// `place`'s side of the queue: the fast path's check on an empty queue,
@@ -147,8 +149,8 @@ fn admission_queues(queued: u64) {
     });
     eprintln!(
         "admission's queues, {calls} calls each\n  \
-         fast path (an empty queue: does anyone wait at my level?): p50 {} ns  p99 {} ns  (reading the clock: p99 {} ns)\n  \
-         join + dispatch with {queued} waiting across 5 tenants:     p50 {} ns  p99 {} ns",
+         fast path (an empty queue: does anyone wait at my level?): p50 {:.0} ns  p99 {:.0} ns  (reading the clock: p99 {:.0} ns)\n  \
+         join + dispatch with {queued} waiting across 5 tenants:     p50 {:.0} ns  p99 {:.0} ns",
         fast.0, fast.1, clock.1, both.0, both.1
     );
 }
