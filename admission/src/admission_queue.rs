@@ -220,14 +220,17 @@ impl Queues {
             return Err(NotRun::Full { level: 0, depth: 0 });
         };
         let waiter = Waiting::default();
-        let ticket = q
-            .lock()
-            .push(tenant, priority, weight, cost_gpu_micros, waiter.clone())
-            .map_err(|f| NotRun::Full {
-                level: f.level,
-                depth: f.depth,
-            })?;
-        crate::telemetry::queued(model, self.depth(model));
+        let (ticket, depth) = {
+            let mut queue = q.lock();
+            let ticket = queue
+                .push(tenant, priority, weight, cost_gpu_micros, waiter.clone())
+                .map_err(|f| NotRun::Full {
+                    level: f.level,
+                    depth: f.depth,
+                })?;
+            (ticket, queue.lens().iter().sum())
+        };
+        crate::telemetry::queued(model, depth);
         // If there is room now, the first in line (perhaps this one) tries.
         self.wake(model);
         Ok(Spot {

@@ -67,7 +67,8 @@ pub struct Drill {
     #[arg(long, default_value_t = 4)]
     pub dedicated: u32,
     /// research-squad on finserv-team's level (priority 3), so two tenants
-    /// share one level and their weights (2 and 1) must show.
+    /// share one level and their weights (2 and 1) must show (FIFO already
+    /// puts every tenant on one level).
     #[arg(long)]
     pub same_level: bool,
     /// Only these replays (fair, fair-uncapped, classes, fifo; and the
