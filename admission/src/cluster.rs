@@ -18,7 +18,12 @@
 //! did not answer (or `GATEWAY_LIMITS=local`); each gateway enforces its
 //! share of every limit — the limit divided by the number of gateways it
 //! last saw — in memory, and the heartbeat brings it back to shared mode
-//! by itself once Redis answers. The mode is on `/metrics`
+//! by itself once Redis answers. Rates fail open, divided by the gateways
+//! it last saw; concurrency and KV·seconds fail closed, divided by
+//! [`Cluster::closed_peers`]: the most gateways this one has ever seen
+//! (kept in a file across restarts) or the expected count
+//! (`GATEWAY_EXPECTED_PEERS`), whichever is larger — never 1 because a
+//! gateway started while Redis was down has seen nobody. The mode is on `/metrics`
 //! (`gateway_limits_mode`) and every change is logged. The first call
 //! between two heartbeats that finds its connection dropped (Redis
 //! restarted) does not count: the next call, on a new connection, tells.
@@ -32,6 +37,7 @@
 //! found its liveness key gone and registered again what it holds. Rates
 //! are not held back: every bucket starts full again (see docs/operations.md, "Several gateways,
 //! one fleet").
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,6 +78,62 @@ impl Mode {
     }
 }
 
+/// How many gateways the capacity limits (concurrency, KV·seconds) are
+/// divided among while Redis is unreachable.
+#[derive(Debug, Clone)]
+pub struct FailClosed {
+    /// At least this many (`GATEWAY_EXPECTED_PEERS`).
+    pub expected_peers: u32,
+    /// Where the most gateways ever seen alive is kept, so a gateway
+    /// restarted during an outage divides as before it; none: not kept.
+    pub seen_file: Option<PathBuf>,
+}
+
+impl FailClosed {
+    /// At least `expected_peers`, the most seen not kept.
+    pub fn expect(expected_peers: u32) -> Self {
+        Self {
+            expected_peers,
+            seen_file: None,
+        }
+    }
+
+    /// A gateway alone by configuration (`GATEWAY_LIMITS=local`).
+    pub fn alone() -> Self {
+        Self::expect(1)
+    }
+
+    /// The count kept in `seen_file` (0 without one, or unreadable: a
+    /// damaged file is logged and the expected count holds).
+    fn seen(&self) -> u32 {
+        let Some(path) = &self.seen_file else {
+            return 0;
+        };
+        match std::fs::read_to_string(path) {
+            Ok(text) => text.trim().parse().unwrap_or_else(|_| {
+                tracing::warn!(path = %path.display(), "peers seen: not a count, ignored");
+                0
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "peers seen: unreadable, ignored");
+                0
+            }
+        }
+    }
+
+    /// Keeps `n` in `seen_file` (written beside it, then renamed over it).
+    fn keep(&self, n: u32) {
+        let Some(path) = &self.seen_file else { return };
+        let tmp = path.with_extension("tmp");
+        let written =
+            std::fs::write(&tmp, format!("{n}\n")).and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            tracing::warn!(path = %path.display(), error = %e, "could not keep the peers seen");
+        }
+    }
+}
+
 /// The shared Redis and this gateway's place among its peers; cheap to clone.
 #[derive(Clone)]
 pub struct Cluster {
@@ -89,6 +151,10 @@ struct Inner {
     prefix: String,
     shared: AtomicBool,
     peers: AtomicU32,
+    /// What capacity limits are divided among in local mode: the most
+    /// gateways seen or expected.
+    closed_peers: AtomicU32,
+    fail_closed: FailClosed,
     /// A heartbeat of this process succeeded once: an epoch missing later
     /// means Redis lost everything, not that the cluster is new.
     known: AtomicBool,
@@ -110,7 +176,12 @@ impl std::fmt::Debug for Cluster {
 impl Cluster {
     /// A cluster on the Redis at `url` (connected lazily: a gateway starts,
     /// in local mode, while Redis is down), keys under `prefix`.
-    pub fn connect(url: &str, prefix: &str, gateway_id: &str) -> Result<Self, redis::RedisError> {
+    pub fn connect(
+        url: &str,
+        prefix: &str,
+        gateway_id: &str,
+        fail_closed: FailClosed,
+    ) -> Result<Self, redis::RedisError> {
         let client = redis::Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
@@ -118,19 +189,26 @@ impl Cluster {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-        Ok(Self::build(Some(conn), prefix, gateway_id))
+        Ok(Self::build(Some(conn), prefix, gateway_id, fail_closed))
     }
 
     /// A gateway on its own: limits in memory, never shared.
     pub fn local(gateway_id: &str) -> Self {
-        Self::build(None, "", gateway_id)
+        Self::build(None, "", gateway_id, FailClosed::alone())
     }
 
-    fn build(conn: Option<ConnectionManager>, prefix: &str, gateway_id: &str) -> Self {
+    fn build(
+        conn: Option<ConnectionManager>,
+        prefix: &str,
+        gateway_id: &str,
+        fail_closed: FailClosed,
+    ) -> Self {
         // Until the first heartbeat says otherwise, local: nothing on the
         // request path waits for a Redis that may not be there.
         crate::telemetry::limits_mode(Mode::Local.as_str());
         let incarnation = format!("{:016x}", rand::random::<u64>());
+        let closed_peers = fail_closed.expected_peers.max(fail_closed.seen()).max(1);
+        crate::telemetry::closed_peers(closed_peers);
         Self {
             inner: Arc::new(Inner {
                 conn,
@@ -140,6 +218,8 @@ impl Cluster {
                 prefix: prefix.to_owned(),
                 shared: AtomicBool::new(false),
                 peers: AtomicU32::new(1),
+                closed_peers: AtomicU32::new(closed_peers),
+                fail_closed,
                 known: AtomicBool::new(false),
                 dropped: AtomicBool::new(false),
                 heartbeat: Script::new(HEARTBEAT),
@@ -168,6 +248,16 @@ impl Cluster {
     /// Gateways alive at the last heartbeat (at least 1: this one).
     pub fn peers(&self) -> u32 {
         self.inner.peers.load(Ordering::Relaxed).max(1)
+    }
+
+    /// What concurrency and KV·seconds are divided among while Redis is
+    /// unreachable: the most gateways this one has seen alive, or the
+    /// expected count, whichever is larger (at least [`Self::peers`]).
+    pub fn closed_peers(&self) -> u32 {
+        self.inner
+            .closed_peers
+            .load(Ordering::Relaxed)
+            .max(self.peers())
     }
 
     /// A Redis key under this cluster's prefix.
@@ -229,8 +319,10 @@ impl Cluster {
             tracing::warn!(
                 %error,
                 peers = self.peers(),
-                "Redis unreachable: limits now local, each at 1/{} of the shared limit",
-                self.peers()
+                closed_peers = self.closed_peers(),
+                "Redis unreachable: limits now local, rates at 1/{} of the shared limit, concurrency and KV·seconds at 1/{}",
+                self.peers(),
+                self.closed_peers()
             );
             crate::telemetry::limits_mode(Mode::Local.as_str());
         }
@@ -306,6 +398,10 @@ impl Cluster {
         self.inner.dropped.store(false, Ordering::Release);
         self.inner.peers.store(peers.max(1), Ordering::Relaxed);
         crate::telemetry::peers(peers.max(1));
+        if self.inner.closed_peers.fetch_max(peers, Ordering::Relaxed) < peers {
+            self.inner.fail_closed.keep(peers);
+            crate::telemetry::closed_peers(peers);
+        }
         if !self.inner.shared.swap(true, Ordering::AcqRel) {
             tracing::info!(peers, "Redis reachable: limits shared with every gateway");
             crate::telemetry::limits_mode(Mode::Shared.as_str());

@@ -33,6 +33,10 @@ pub fn peers(n: u32) {
     gauge!("gateway_peers").set(f64::from(n));
 }
 
+pub fn closed_peers(n: u32) {
+    gauge!("gateway_peers_fail_closed").set(f64::from(n));
+}
+
 pub fn redis_call(purpose: &'static str) {
     counter!("gateway_redis_calls_total", "purpose" => purpose).increment(1);
 }

@@ -29,6 +29,11 @@ impl Percentiles {
         self.sorted.is_empty()
     }
 
+    /// The samples, smallest first.
+    pub fn samples(&self) -> &[f64] {
+        &self.sorted
+    }
+
     /// The sample at quantile `q` (0.0 to 1.0); NaN without samples.
     pub fn at(&self, q: f64) -> f64 {
         let Some(last) = self.sorted.len().checked_sub(1) else {

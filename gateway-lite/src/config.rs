@@ -106,6 +106,15 @@ pub struct GatewayConfig {
         default_value = "shared"
     )]
     pub limits: LimitsMode,
+    /// While Redis is unreachable, concurrency and KV·seconds caps are
+    /// divided among at least this many gateways (1 to 1000; set it to the
+    /// number you run): each enforces cap ÷ max(this, the most gateways it
+    /// has seen alive), so together they never pass a cap. The most seen
+    /// is kept in `peers-seen` in `GATEWAY_OUTBOX`, so a gateway restarted
+    /// during an outage divides as before. Rates fail open to 1/(gateways
+    /// last seen) instead.
+    #[arg(long, env = "GATEWAY_EXPECTED_PEERS", default_value_t = 3)]
+    pub expected_peers: u32,
     /// How long idempotency claims and answers stay in Redis, seconds (60
     /// to 86400): a retry on another gateway gets the stored answer within
     /// this; after it, it runs again under the same request id (billed
@@ -211,6 +220,14 @@ impl GatewayConfig {
             .map_err(|e| GatewayError::Config(format!("GATEWAY_FLOOR_LIMIT {e}")))
     }
 
+    /// How this gateway's capacity limits fail closed without Redis.
+    pub fn fail_closed(&self) -> admission::cluster::FailClosed {
+        admission::cluster::FailClosed {
+            expected_peers: self.expected_peers,
+            seen_file: Some(self.outbox.join("peers-seen")),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), GatewayError> {
         self.profiles()?;
         if self.gateway_id.trim().is_empty() || self.gateway_id.len() > 200 {
@@ -254,6 +271,12 @@ impl GatewayConfig {
                     self.redis_prefix
                 )));
             }
+        }
+        if !(1..=1_000).contains(&self.expected_peers) {
+            return Err(GatewayError::Config(format!(
+                "GATEWAY_EXPECTED_PEERS must be between 1 and 1000, got {}",
+                self.expected_peers
+            )));
         }
         if !(1..=100_000).contains(&self.queue_depth) {
             return Err(GatewayError::Config(format!(

@@ -154,11 +154,13 @@ pub async fn run(
     };
     let simulator = Arc::new(Simulator::new(config.profiles()?, config.engine_speedup));
     let cluster = match config.limits {
-        LimitsMode::Shared => {
-            Cluster::connect(&config.redis_url, &config.redis_prefix, &config.gateway_id).map_err(
-                |e| GatewayError::Config(format!("REDIS_URL {:?}: {e}", config.redis_url)),
-            )?
-        }
+        LimitsMode::Shared => Cluster::connect(
+            &config.redis_url,
+            &config.redis_prefix,
+            &config.gateway_id,
+            config.fail_closed(),
+        )
+        .map_err(|e| GatewayError::Config(format!("REDIS_URL {:?}: {e}", config.redis_url)))?,
         LimitsMode::Local => Cluster::local(&config.gateway_id),
     };
     // Several gateways in front of one HTTP replica: one ledger for its GPU time.

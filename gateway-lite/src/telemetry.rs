@@ -136,6 +136,10 @@ pub fn describe() {
         "gateway_peers",
         "Gateways alive at the last heartbeat in Redis, this one included"
     );
+    metrics::describe_gauge!(
+        "gateway_peers_fail_closed",
+        "While Redis is unreachable, the gateways concurrency and KV-seconds caps are divided among: the most seen alive (kept across restarts) or GATEWAY_EXPECTED_PEERS, whichever is larger"
+    );
     metrics::describe_counter!(
         "gateway_redis_calls_total",
         "Calls to Redis, by purpose (lease, give_back, renew, heartbeat, idempotency)"

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use admission::cluster::{Cluster, Mode};
+use admission::cluster::{Cluster, FailClosed, Mode};
 use admission::gpu_ledger::{RedisLedger, REBASE_AT};
 use admission::upstream::ledger::SharedLedger;
 
@@ -21,7 +21,7 @@ fn redis_url() -> String {
 
 async fn ledger() -> (RedisLedger, Cluster, String) {
     let prefix = format!("mt-test-{}:", uuid::Uuid::now_v7().simple());
-    let cluster = Cluster::connect(&redis_url(), &prefix, "gw").unwrap();
+    let cluster = Cluster::connect(&redis_url(), &prefix, "gw", FailClosed::alone()).unwrap();
     cluster.heartbeat().await.unwrap();
     assert_eq!(cluster.mode(), Mode::Shared, "Redis at {}", redis_url());
     (RedisLedger::new(cluster.clone()), cluster, prefix)
@@ -170,7 +170,7 @@ async fn a_restarted_gateways_previous_life_is_reaped() {
     let key = format!("{prefix}gpu-ledger:{REPLICA}");
     let orphan = before.join(REPLICA, GPUS, 5).await.unwrap();
     // The same id, a new process: its first heartbeat takes the liveness key.
-    let cluster = Cluster::connect(&redis_url(), &prefix, "gw").unwrap();
+    let cluster = Cluster::connect(&redis_url(), &prefix, "gw", FailClosed::alone()).unwrap();
     cluster.heartbeat().await.unwrap();
     let after = RedisLedger::new(cluster.clone());
     let own = after.join(REPLICA, GPUS, 1).await.unwrap();

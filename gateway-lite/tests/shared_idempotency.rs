@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
-use admission::cluster::{Cluster, Mode};
+use admission::cluster::{Cluster, FailClosed, Mode};
 use axum::body::Bytes;
 use gateway_lite::idempotency::{Begin, Idempotency, Stored, MAX_SHARED_ANSWER};
 use gateway_lite::outbox::Outbox;
@@ -18,7 +18,7 @@ fn redis_url() -> String {
 }
 
 async fn gateway(dir: &std::path::Path, prefix: &str, id: &str) -> (Idempotency, Outbox) {
-    let cluster = Cluster::connect(&redis_url(), prefix, id).unwrap();
+    let cluster = Cluster::connect(&redis_url(), prefix, id, FailClosed::alone()).unwrap();
     cluster.heartbeat().await.unwrap();
     assert_eq!(cluster.mode(), Mode::Shared);
     let outbox = Outbox::open(&dir.join(id)).unwrap();

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission::cluster::{Cluster, Mode, SETTLE};
+use admission::cluster::{Cluster, FailClosed, Mode, SETTLE};
 use admission::limits::{Ask, LimitKind, Limiter};
 use gateway_lite::tenants::{Caller, ModelLimits};
 
@@ -56,7 +56,7 @@ fn ask(n: usize) -> Ask<'static> {
 }
 
 async fn gateway(prefix: &str, id: &str) -> Limiter {
-    let cluster = Cluster::connect(&redis_url(), prefix, id).unwrap();
+    let cluster = Cluster::connect(&redis_url(), prefix, id, FailClosed::alone()).unwrap();
     let limiter = Limiter::new(None, cluster);
     limiter.renew(true).await;
     assert_eq!(
@@ -77,7 +77,7 @@ async fn with_reference_global(prefix: &str) -> Limiter {
     });
     let l = Limiter::new(
         global,
-        Cluster::connect(&redis_url(), prefix, "gw-a").unwrap(),
+        Cluster::connect(&redis_url(), prefix, "gw-a", FailClosed::alone()).unwrap(),
     );
     l.renew(true).await;
     l
@@ -189,7 +189,13 @@ async fn no_redis_means_local_mode_and_the_gateway_keeps_answering() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let cluster = Cluster::connect(&format!("redis://127.0.0.1:{port}"), &prefix(), "gw").unwrap();
+    let cluster = Cluster::connect(
+        &format!("redis://127.0.0.1:{port}"),
+        &prefix(),
+        "gw",
+        FailClosed::alone(),
+    )
+    .unwrap();
     let l = Limiter::new(None, cluster);
     let started = std::time::Instant::now();
     l.renew(true).await;
@@ -239,7 +245,12 @@ async fn requests_in_flight_are_held_again_after_redis_came_back_empty() {
     let mut redis = devstack::PrivateRedis::start().await.unwrap();
     let p = prefix();
     let url = redis.url();
-    let connect = |id: &str| Limiter::new(None, Cluster::connect(&url, &p, id).unwrap());
+    let connect = |id: &str| {
+        Limiter::new(
+            None,
+            Cluster::connect(&url, &p, id, FailClosed::alone()).unwrap(),
+        )
+    };
     let a = connect("gw-a");
     a.renew(true).await;
     assert_eq!(a.cluster().mode(), Mode::Shared);
@@ -272,7 +283,12 @@ async fn after_a_flush_no_capacity_is_leased_until_the_holders_registered() {
     let redis = devstack::PrivateRedis::start().await.unwrap();
     let p = prefix();
     let url = redis.url();
-    let connect = |id: &str| Limiter::new(None, Cluster::connect(&url, &p, id).unwrap());
+    let connect = |id: &str| {
+        Limiter::new(
+            None,
+            Cluster::connect(&url, &p, id, FailClosed::alone()).unwrap(),
+        )
+    };
     let (a, b) = (connect("gw-a"), connect("gw-b"));
     a.renew(true).await;
     b.renew(true).await;
@@ -458,7 +474,12 @@ return 1
 async fn an_admission_dropped_mid_lease_loses_nothing_redis_granted() {
     let redis = devstack::PrivateRedis::start().await.unwrap();
     let (p, url) = (prefix(), redis.url());
-    let connect = |id: &str| Limiter::new(None, Cluster::connect(&url, &p, id).unwrap());
+    let connect = |id: &str| {
+        Limiter::new(
+            None,
+            Cluster::connect(&url, &p, id, FailClosed::alone()).unwrap(),
+        )
+    };
     let (a, b) = (connect("gw-a"), connect("gw-b"));
     a.renew(true).await;
     b.renew(true).await;
@@ -497,4 +518,74 @@ async fn an_admission_dropped_mid_lease_loses_nothing_redis_granted() {
         .await
         .unwrap_or_else(|r| panic!("the unit a was granted never came back: {r:?}"));
     drop(on_b);
+}
+
+/// Holds `c`'s requests on `l` until one is refused; returns how many ran
+/// at once.
+async fn hold_until_refused(l: &Limiter, c: &Caller) -> usize {
+    let mut held = Vec::new();
+    loop {
+        match l.admit(c, ask(held.len())).await {
+            Ok(p) => held.push(p),
+            Err(r) => {
+                assert_eq!(r.limit, LimitKind::Concurrency, "{}", r.message);
+                return held.len();
+            }
+        }
+    }
+}
+
+/// Fail-closed that is closed: three gateways see one another, Redis
+/// dies, one of them restarts. Each, the restarted one included, holds at
+/// most a third of the concurrency cap (the most it has seen, kept in its
+/// file), never the whole cap; a gateway that never saw Redis divides by
+/// `GATEWAY_EXPECTED_PEERS`.
+#[tokio::test]
+async fn without_redis_concurrency_is_divided_by_the_most_gateways_seen_even_after_a_restart() {
+    let mut redis = devstack::PrivateRedis::start().await.unwrap();
+    let (url, p) = (redis.url(), prefix());
+    let dir = tempfile::tempdir().unwrap();
+    let fail_closed = |id: &str| FailClosed {
+        expected_peers: 1,
+        seen_file: Some(dir.path().join(format!("{id}-peers-seen"))),
+    };
+    let connect = |id: &str| {
+        Limiter::new(
+            None,
+            Cluster::connect(&url, &p, id, fail_closed(id)).unwrap(),
+        )
+    };
+    let gateways = [connect("gw-a"), connect("gw-b"), connect("gw-c")];
+    for _ in 0..2 {
+        for g in &gateways {
+            g.renew(true).await;
+        }
+    }
+    assert_eq!(gateways[0].cluster().peers(), 3);
+    let c = caller(None, Some(7));
+    redis.kill9().await;
+    for g in &gateways {
+        g.renew(true).await;
+        assert_eq!(g.cluster().mode(), Mode::Local);
+    }
+    // 7 ÷ 3 gateways: 2 each, 6 together, never 7 on one.
+    for g in &gateways {
+        assert_eq!(hold_until_refused(g, &c).await, 2);
+    }
+    // gw-a restarts while Redis is still down: it has seen nobody in this
+    // life, and still divides by 3.
+    let restarted = connect("gw-a");
+    restarted.renew(true).await;
+    assert_eq!(restarted.cluster().mode(), Mode::Local);
+    assert_eq!(restarted.cluster().closed_peers(), 3);
+    assert_eq!(hold_until_refused(&restarted, &c).await, 2);
+    // A new gateway that never reached Redis divides by the expected count.
+    let new = Limiter::new(
+        None,
+        Cluster::connect(&url, &p, "gw-new", FailClosed::expect(3)).unwrap(),
+    );
+    new.renew(true).await;
+    assert_eq!(hold_until_refused(&new, &c).await, 2);
+    // Rates still fail open to the gateways last seen (a new one: alone).
+    assert_eq!(new.cluster().peers(), 1);
 }

@@ -87,11 +87,15 @@ impl State {
         self.in_use.get(res).copied().unwrap_or(0)
     }
 
-    /// Local mode: every demand against this gateway's share, then all charged.
+    /// Local mode: every demand against this gateway's share, then all
+    /// charged. Rates are shared among the `peers` gateways last seen
+    /// (failing open), concurrency and KV·seconds among `closed_peers`
+    /// (failing closed: see [`crate::cluster::FailClosed`]).
     pub(super) fn admit_local(
         &mut self,
         demands: &[Demand],
         peers: u32,
+        closed_peers: u32,
         now: Instant,
     ) -> Result<(), Rejected> {
         for d in demands {
@@ -109,9 +113,11 @@ impl State {
                     }
                 }
                 Shape::Capacity(cap) => {
-                    let share = (cap / u64::from(peers.max(1))).max(1);
-                    let used = self.used(&d.res);
-                    if used > 0 && used as f64 + d.take > share as f64 {
+                    // Never more than the share, so the gateways together
+                    // never pass the cap (a request above the share waits
+                    // for Redis, even one that shared mode passes alone).
+                    let share = cap / u64::from(closed_peers.max(1));
+                    if self.used(&d.res) as f64 + d.take > share as f64 {
                         return Err(d.rejected(Duration::from_secs(1)));
                     }
                 }

@@ -216,7 +216,12 @@ impl Limiter {
                 st.sync(mode, now);
                 let admitted = match mode {
                     Mode::Local => {
-                        st.admit_local(&demands, self.cluster.peers(), now)?;
+                        st.admit_local(
+                            &demands,
+                            self.cluster.peers(),
+                            self.cluster.closed_peers(),
+                            now,
+                        )?;
                         Ok(())
                     }
                     Mode::Shared => st.admit_shared(&demands, &self.cluster, now),

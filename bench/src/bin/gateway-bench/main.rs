@@ -22,14 +22,16 @@
 //!
 //! `limits` as the third argument compares limits in memory with limits
 //! shared through Redis instead; `fairness` compares the gateway with the
-//! fairness layer off and on (`GATEWAY_QUEUE`), on a pool of 12 replicas.
+//! fairness layer off and on (`GATEWAY_QUEUE`), on a pool of 12 replicas,
+//! in as many rounds as the fourth argument says (each round's figures,
+//! their median and the figures of every round's samples together).
 //! `deployed` measures the gateway as it is deployed (see [`deployed`]):
 //! the `gateway-lite` binary in front of the `engine` binary, with each
 //! component switched off in turn in the same run.
 //!
 //! ```sh
 //! cargo build --release -p bench -p gateway-lite -p engine && . .stack/env &&
-//!   target/release/gateway-bench [rate] [seconds] [serving|plain|limits|fairness|deployed]
+//!   target/release/gateway-bench [rate] [seconds] [serving|plain|limits|fairness|deployed] [rounds]
 //! ```
 
 mod deployed;
@@ -76,7 +78,10 @@ async fn main() -> anyhow::Result<()> {
         None | Some("serving") => false,
         Some("plain") => true,
         Some("limits") => return limits(rate, secs).await,
-        Some("fairness") => return fairness(rate, secs).await,
+        Some("fairness") => {
+            let rounds: u32 = args.get(4).map_or(Ok(1), |a| a.parse())?;
+            return fairness(rate, secs, rounds.max(1)).await;
+        }
         Some("deployed") => return deployed::run(rate, secs).await,
         Some(other) => {
             anyhow::bail!(
@@ -255,7 +260,12 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
         ("local", admission::cluster::Cluster::local("gw-local")),
         (
             "shared",
-            admission::cluster::Cluster::connect(&redis.url(), "bench:", "gw-shared")?,
+            admission::cluster::Cluster::connect(
+                &redis.url(),
+                "bench:",
+                "gw-shared",
+                admission::cluster::FailClosed::alone(),
+            )?,
         ),
     ] {
         let limiter = Limiter::new(global, cluster.clone());
@@ -323,8 +333,11 @@ async fn limits(rate: u64, secs: u64) -> anyhow::Result<()> {
 /// caller at priority 5 with every limit high enough that none refuses:
 /// one without the fairness layer, one with it (the queue before the
 /// engine and the ladder, as `GATEWAY_QUEUE=on`). At each due instant one
-/// request goes to each.
-async fn fairness(rate: u64, secs: u64) -> anyhow::Result<()> {
+/// request goes to each. A loaded 2-core machine's p99 swings more from
+/// one 10 s run to the next than the layer costs, so it runs `rounds`
+/// times and prints each round, the median round and all rounds' samples
+/// together.
+async fn fairness(rate: u64, secs: u64, rounds: u32) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("gateway-bench-fair-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut profiles = ModelProfile::reference();
@@ -368,16 +381,48 @@ async fn fairness(rate: u64, secs: u64) -> anyhow::Result<()> {
     }
     let client = reqwest::Client::new();
     let mut out = vec![format!(
-        "fairness: fixed rate {rate} req/s for {secs} s, GATEWAY_QUEUE off vs on, 12 replicas of \
-         {LOCAL}, ENGINE_SPEEDUP=0, relay off"
+        "fairness: fixed rate {rate} req/s for {secs} s × {rounds} rounds, GATEWAY_QUEUE off vs on, \
+         12 replicas of {LOCAL}, ENGINE_SPEEDUP=0, relay off"
     )];
-    let (off, on, _) = side_by_side(&client, &urls, rate, secs).await;
-    out.push(line("  fairness off", rate, &off));
-    out.push(line("  fairness on ", rate, &on));
+    let (mut added_p50, mut added_p99) = (Vec::new(), Vec::new());
+    let (mut all_off, mut all_on) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        let (off, on, _) = side_by_side(&client, &urls, rate, secs).await;
+        let (p50, p99) = (on.p(0.50) - off.p(0.50), on.p(0.99) - off.p(0.99));
+        out.push(format!(
+            "  round {round:>2}: off p50 {:.3} ms p99 {:.3} ms ({} ok, {} errors); on p50 {:.3} ms p99 {:.3} ms ({} ok, {} errors); added p50 {p50:.3} ms p99 {p99:.3} ms",
+            off.p(0.50),
+            off.p(0.99),
+            off.ok,
+            off.errors,
+            on.p(0.50),
+            on.p(0.99),
+            on.ok,
+            on.errors,
+        ));
+        added_p50.push(p50);
+        added_p99.push(p99);
+        all_off.extend_from_slice(off.latencies_ms.samples());
+        all_on.extend_from_slice(on.latencies_ms.samples());
+    }
+    let (p50s, p99s) = (Percentiles::new(added_p50), Percentiles::new(added_p99));
     out.push(format!(
-        "  added by the fairness layer: p50 {:.3} ms  p99 {:.3} ms",
-        on.p(0.50) - off.p(0.50),
-        on.p(0.99) - off.p(0.99)
+        "  median round: added p50 {:.3} ms  p99 {:.3} ms (rounds' added p99 from {:.3} to {:.3} ms)",
+        p50s.at(0.5),
+        p99s.at(0.5),
+        p99s.at(0.0),
+        p99s.at(1.0)
+    ));
+    let (off, on) = (Percentiles::new(all_off), Percentiles::new(all_on));
+    out.push(format!(
+        "  every round's samples together ({} each): off p50 {:.3} ms p99 {:.3} ms; on p50 {:.3} ms p99 {:.3} ms; added p50 {:.3} ms p99 {:.3} ms",
+        on.len(),
+        off.at(0.5),
+        off.at(0.99),
+        on.at(0.5),
+        on.at(0.99),
+        on.at(0.5) - off.at(0.5),
+        on.at(0.99) - off.at(0.99)
     ));
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("{}", out.join("\n"));
