@@ -3,8 +3,9 @@
 //! limit holds across them, a SIGKILLed gateway's concurrency comes back
 //! within 15 s, an idempotent retry on another gateway gets the same
 //! answer and is billed once (also after the first gateway was killed,
-//! and after Redis restarted empty), and a Redis that stops turns every
-//! gateway to local mode and back.
+//! and after Redis restarted empty), a Redis that stops turns every
+//! gateway to local mode and back, and without Redis the gateways
+//! together (one of them restarted) never pass a concurrency cap.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -480,4 +481,137 @@ async fn redis_stopped_mid_traffic_turns_limits_local_and_back() {
         eprintln!("{url} shared again after {took:?}");
     }
     wait_hourly(&stack, &told, &[&a, &b, &ingest]).await;
+}
+
+/// Fail-closed that is closed, under concurrent load: three gateways on
+/// one Redis see one another, Redis is SIGKILLed, and long streams are
+/// opened on all three at once, then on one of them again after it was
+/// restarted during the outage. The streams open at any moment, counted
+/// by the client, never pass the tenant's cap of 6: each gateway holds at
+/// most 6 ÷ 3, the restarted one too (it divides by the most gateways it
+/// ever saw, kept beside its outbox; `GATEWAY_EXPECTED_PEERS=1` here, so
+/// nothing else protects the cap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_redis_three_gateways_and_a_restarted_one_never_pass_a_concurrency_cap() {
+    let mut redis = PrivateRedis::start().await.unwrap();
+    let stack = TestStack::new("gwclosed").await;
+    const KEY: &str = "sk-test-closed-0001";
+    const CAP: usize = 6;
+    let limits = TenantLimits {
+        max_concurrency: Some(CAP as i32),
+        ..Default::default()
+    };
+    seed_tenant(&stack, "closed", KEY, limits).await;
+    let settings = [
+        ("REDIS_URL", redis.url()),
+        ("GATEWAY_EXPECTED_PEERS", "1".to_owned()),
+    ];
+    let mut gateways = Vec::new();
+    for id in ["gw-a", "gw-b", "gw-c"] {
+        gateways.push(start_gateway_named(&stack, id, 1, &settings).await);
+    }
+    for (_, url) in &gateways {
+        let deadline = Instant::now() + Duration::from_secs(12);
+        while !metrics(url).await.lines().any(|l| l == "gateway_peers 3") {
+            assert!(Instant::now() < deadline, "{url} never saw 3 gateways");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let client = reqwest::Client::new();
+    let send = |url: &str, body: Value| {
+        client
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&body)
+            .send()
+    };
+    // A long answer (500+ tokens, ~10 s in real time) for a prompt as
+    // long as this one's.
+    let res = send(&gateways[0].1, chat("llama-3.1-70b", "hold 00", 5))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let prompt_tokens = usage(&res.json().await.unwrap()).0;
+    let seed = tests::engine::seed_for_long_answer(u64::try_from(prompt_tokens).unwrap(), 500);
+    let long = |n: usize| {
+        let mut body = chat("llama-3.1-70b", &format!("hold {n:02}"), 4000);
+        body["seed"] = json!(seed);
+        body["stream"] = json!(true);
+        body
+    };
+    // Opens `n` long streams at once on `urls` in turn; keeps those that
+    // started (their first chunk arrived), counts the refusals.
+    let open = |urls: Vec<String>, n: usize, from: usize| {
+        let send = &send;
+        let long = &long;
+        async move {
+            let tries = (0..n).map(|i| {
+                let url = urls[i % urls.len()].clone();
+                async move {
+                    let mut res = send(&url, long(from + i)).await.unwrap();
+                    match res.status().as_u16() {
+                        200 => {
+                            assert!(res.chunk().await.unwrap().is_some(), "the stream started");
+                            Some((url, res))
+                        }
+                        429 => None,
+                        s => panic!("status {s} without Redis: {}", res.text().await.unwrap()),
+                    }
+                }
+            });
+            futures_util::future::join_all(tries)
+                .await
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+        }
+    };
+
+    redis.kill9().await;
+    for (_, url) in &gateways {
+        wait_mode(url, "local", Duration::from_secs(10)).await;
+    }
+    let urls: Vec<String> = gateways.iter().map(|(_, u)| u.clone()).collect();
+    let mut held = open(urls.clone(), 30, 1).await;
+    let per = |held: &[(String, reqwest::Response)], url: &str| {
+        held.iter().filter(|(u, _)| u == url).count()
+    };
+    let by_gateway: Vec<usize> = urls.iter().map(|u| per(&held, u)).collect();
+    eprintln!("open at once without Redis: {} {by_gateway:?}", held.len());
+    assert!(
+        held.len() <= CAP,
+        "{} streams open, cap {CAP}: {by_gateway:?}",
+        held.len()
+    );
+    assert!(
+        by_gateway.iter().all(|&n| n == CAP / 3),
+        "each gateway holds its third: {by_gateway:?}"
+    );
+
+    // gw-a restarts while Redis is still down: its streams end with it.
+    let url_a = urls[0].clone();
+    let a = &mut gateways[0].0;
+    a.kill9().await;
+    held.retain(|(u, _)| *u != url_a);
+    a.restart().unwrap_or_else(|e| panic!("{e}"));
+    wait_healthy(&format!("{url_a}/healthz"), a, Duration::from_secs(60)).await;
+    wait_mode(&url_a, "local", Duration::from_secs(10)).await;
+    let again = open(vec![url_a.clone()], 12, 100).await;
+    let on_a = again.len();
+    held.extend(again);
+    eprintln!("after gw-a's restart: {} open, {on_a} on gw-a", held.len());
+    assert!(
+        on_a <= CAP / 3,
+        "the restarted gateway holds {on_a}, its third is {}",
+        CAP / 3
+    );
+    assert!(held.len() <= CAP, "{} streams open, cap {CAP}", held.len());
+    assert!(
+        metrics(&url_a)
+            .await
+            .lines()
+            .any(|l| l == "gateway_peers_fail_closed 3"),
+        "the restarted gateway divides by the 3 it saw before"
+    );
+    drop(held);
 }
