@@ -279,7 +279,12 @@ async fn a_lower_level_never_runs_while_a_higher_one_waits_over_http() {
     }
     eprintln!("p-high answered {sent}; p-low refused {refused}, ran {ran}");
     assert!(refused >= 200, "p-low kept asking: {refused} refusals");
-    assert_eq!(ran, 0, "p-low ran {ran} of {} while p-high waited", refused + ran);
+    assert_eq!(
+        ran,
+        0,
+        "p-low ran {ran} of {} while p-high waited",
+        refused + ran
+    );
     // What p-high ran is billed, and nothing of p-low's.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
