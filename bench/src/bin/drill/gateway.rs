@@ -45,7 +45,7 @@ impl Mode {
                 "fair with every tenant's caps lifted (the fairness layer alone against the burst)"
             }
             Self::Classes => "classes only (GATEWAY_QUEUE=off: KV admission by class, 503 when full)",
-            Self::Fifo => "FIFO (one line, shared pool, caps lifted: the reference incident)",
+            Self::Fifo => "FIFO (one line, shared pool, caps lifted: the reference incident; the line bounded by --fifo-depth)",
             Self::Levels => "priority levels only (caps lifted, no weights, preemption or ladder)",
             Self::Weights => "levels + weights (caps lifted, no preemption or ladder)",
             Self::Preemption => "levels + weights + preemption (caps lifted, no ladder)",
@@ -154,6 +154,11 @@ pub struct Gateway {
     pub url: String,
     pub outbox: Outbox,
     pub simulator: Arc<Simulator>,
+    /// GPUs in the pool (replicas × GPUs per replica).
+    pub gpus: u64,
+    /// When every replica had been started (their GPU time counts from
+    /// then), by the drill's own clock: between these two instants.
+    pub pool_started: (std::time::Instant, std::time::Instant),
     _dir: tempfile::TempDir,
 }
 
@@ -201,8 +206,8 @@ pub async fn start(mode: Mode, drill: &Drill) -> anyhow::Result<Gateway> {
     let registry = Registry::default();
     for t in &TENANTS {
         let mut c = caller(t, mode);
-        // Two standard-tier tenants: research-squad on finserv-team's level.
-        if drill.same_level && mode != Mode::Fifo && t.id == "research-squad" {
+        // Two standard-tier tenants: codegen-platform on finserv-team's level.
+        if drill.same_level && mode != Mode::Fifo && t.id == "codegen-platform" {
             c.priority = 3;
         }
         registry.insert(t.key, c);
@@ -218,7 +223,16 @@ pub async fn start(mode: Mode, drill: &Drill) -> anyhow::Result<Gateway> {
             &format!("{MODEL}:acme-corp={}", drill.dedicated),
         )?;
     }
+    let gpus = profiles
+        .iter()
+        .map(|p| u64::from(p.replicas) * u64::from(p.gpus))
+        .sum();
     let simulator = Arc::new(Simulator::try_new(profiles, 1)?);
+    // Start every replica now, so the pool's GPU time and the clock's
+    // elapsed time begin together.
+    let before = std::time::Instant::now();
+    simulator.gpu_time().await;
+    let pool_started = (before, std::time::Instant::now());
     let outbox = Outbox::open(&dir.path().join("outbox"))?;
     let cluster = Cluster::local("gw-drill");
     let global = capped(mode).then_some(RequestRate {
@@ -238,7 +252,11 @@ pub async fn start(mode: Mode, drill: &Drill) -> anyhow::Result<Gateway> {
         Mode::Fifo => Some(Discipline::Fifo),
         Mode::Classes => None,
     };
-    let depth = if mode == Mode::Fifo { 100_000 } else { 1_000 };
+    let depth = if mode == Mode::Fifo {
+        drill.fifo_depth
+    } else {
+        1_000
+    };
     let queues = discipline.map(|d| Queues::with([MODEL.to_owned()], depth, d));
     let state = AppState {
         speedup: 1,
@@ -266,6 +284,8 @@ pub async fn start(mode: Mode, drill: &Drill) -> anyhow::Result<Gateway> {
         url,
         outbox,
         simulator,
+        gpus,
+        pool_started,
         _dir: dir,
     })
 }

@@ -23,7 +23,9 @@
 //! queue's mechanisms one at a time instead (caps lifted in each, so only
 //! the queue differs; `fair-uncapped` adds the ladder and SLO borrowing);
 //! `--dedicated 0` without acme's replicas; `--same-level` with
-//! research-squad on finserv-team's level, where the weights must show.
+//! codegen-platform on finserv-team's level (two standard-tier tenants),
+//! where the weights must show: finserv-team asks for less than its share
+//! of that level and should get all it asks, whatever codegen's burst.
 //!
 //! Each replay prints what every tenant got, the criteria with their
 //! measured figures and pass/fail, and the GPU time the replicas spent
@@ -66,11 +68,19 @@ pub struct Drill {
     /// Of which acme-corp owns this many.
     #[arg(long, default_value_t = 4)]
     pub dedicated: u32,
-    /// research-squad on finserv-team's level (priority 3), so two tenants
-    /// share one level and their weights (2 and 1) must show (FIFO already
-    /// puts every tenant on one level).
+    /// codegen-platform on finserv-team's level (priority 3, both standard
+    /// tier), so two tenants share one level and their weights (2 and 1)
+    /// must show (FIFO already puts every tenant on one level).
     #[arg(long)]
     pub same_level: bool,
+    /// FIFO's one line holds at most this many waiting requests; more are
+    /// refused (429 `queue_full`). Every open request holds two of the
+    /// drill's file descriptors (its client's and the gateway's side), and
+    /// an unbounded line keeps ~14,000 open at once, past a common
+    /// `ulimit -n` of 20,000: a bound both sides count, instead of client
+    /// errors.
+    #[arg(long, default_value_t = 6_000)]
+    pub fifo_depth: usize,
     /// Only these replays (fair, fair-uncapped, classes, fifo; and the
     /// mechanisms one at a time: levels, weights, preemption),
     /// comma-separated.
@@ -86,7 +96,7 @@ async fn main() -> anyhow::Result<()> {
     for &mode in &drill.modes {
         let gw = gateway::start(mode, &drill).await?;
         let outcomes = traffic::replay(&gw.url, &drill).await;
-        let replay = report::Replay::of(mode, &drill, &outcomes, &gw).await?;
+        let replay = report::Replay::of(mode, &outcomes, &gw).await?;
         replay.print();
         verdicts.push(replay);
     }

@@ -70,10 +70,15 @@ pub struct Replay {
     lines: Vec<Line>,
     /// acme-corp's TTFT p95 in each window with samples: (window start s, p95 ms).
     acme_windows: Vec<(u64, f64)>,
-    codegen_beyond_bucket: u64,
+    /// codegen's answered requests sent while its requests/s bucket, as
+    /// the client's own clock recomputes it, held less than one token.
+    codegen_without_token: u64,
     codegen_e2e_p95_ms: f64,
     busy_gpu_seconds: Decimal,
     idle_gpu_seconds: Decimal,
+    /// The pool's GPUs × the time between its replicas starting and their
+    /// GPU time being read, by the drill's clock: at least, at most.
+    clock_gpu_seconds: (Decimal, Decimal),
     events: u64,
     /// Preemptions the gateway carried out (the events' `placement.preemptions`).
     preemptions: i64,
@@ -103,12 +108,7 @@ fn gpu_seconds(micros: u64) -> Decimal {
 }
 
 impl Replay {
-    pub async fn of(
-        mode: Mode,
-        drill: &Drill,
-        outcomes: &[Outcome],
-        gw: &Gateway,
-    ) -> anyhow::Result<Self> {
+    pub async fn of(mode: Mode, outcomes: &[Outcome], gw: &Gateway) -> anyhow::Result<Self> {
         let mut lines = vec![Line::default(); TENANTS.len()];
         let mut acme: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
         for o in outcomes {
@@ -190,7 +190,16 @@ impl Replay {
         let (mut busy, mut idle, mut shared_idle) = (0u64, 0u64, 0u64);
         let (mut reserved_busy, mut reserved_idle, mut dedicated) = (0u64, 0u64, 0usize);
         let mut reserved_lent = 0u64;
-        for r in gw.simulator.gpu_time().await {
+        let read_from = std::time::Instant::now();
+        let times = gw.simulator.gpu_time().await;
+        let read_until = std::time::Instant::now();
+        let (started_from, started_until) = gw.pool_started;
+        let clock = |d: Duration| gpu_seconds(d.as_micros() as u64 * gw.gpus);
+        let clock_gpu_seconds = (
+            clock(read_from - started_until),
+            clock(read_until - started_from),
+        );
+        for r in times {
             busy += r.time.busy_gpu_micros;
             idle += r.time.idle_gpu_micros;
             match r.dedicated_to.as_deref() {
@@ -233,19 +242,17 @@ impl Replay {
                 .map_err(|e| anyhow::anyhow!("rating acme-corp's reservation: {e}"))?,
             })
         };
-        let codegen = &lines[4];
-        let allowance = u64::from(TENANTS[4].rate.burst)
-            + u64::from(TENANTS[4].rate.per_second) * drill.burst_secs;
         Ok(Self {
             mode,
             acme_windows: acme
                 .into_iter()
                 .map(|(w, ms)| (w, Percentiles::new(ms).at(0.95)))
                 .collect(),
-            codegen_beyond_bucket: codegen.ok.saturating_sub(allowance),
-            codegen_e2e_p95_ms: Percentiles::new(codegen.e2e_ms.clone()).at(0.95),
+            codegen_without_token: admitted_without_token(outcomes, 4),
+            codegen_e2e_p95_ms: Percentiles::new(lines[4].e2e_ms.clone()).at(0.95),
             busy_gpu_seconds: gpu_seconds(busy),
             idle_gpu_seconds: gpu_seconds(idle),
+            clock_gpu_seconds,
             events: events.len() as u64,
             preemptions,
             reserved,
@@ -353,14 +360,17 @@ impl Replay {
             Mode::FairUncapped | Mode::Levels | Mode::Weights | Mode::Preemption
         ) {
             say!(
-                "  [n/a ] fewer than 10 of the burst admitted beyond codegen's bucket: no bucket in this replay ({} of the burst answered)",
-                self.lines[4].ok
+                "  [n/a ] fewer than 10 of codegen's requests admitted while its bucket held less than one token: \
+                 no bucket in this replay ({} of the burst answered, {} of them while the bucket would have been empty)",
+                self.lines[4].ok,
+                self.codegen_without_token
             );
         } else {
             say!(
-                "  [{}] fewer than 10 of the burst admitted beyond codegen's bucket: {} beyond",
-                verdict(self.codegen_beyond_bucket < 10),
-                self.codegen_beyond_bucket
+                "  [{}] fewer than 10 of codegen's requests admitted while its bucket held less than one token \
+                 (recomputed from the client's send times; FIFO has none, as in the incident): {}",
+                verdict(self.codegen_without_token < 10),
+                self.codegen_without_token
             );
         }
         say!(
@@ -429,6 +439,15 @@ impl Replay {
             accounted,
             self.busy_gpu_seconds + self.idle_gpu_seconds
         );
+        let (least, most) = self.clock_gpu_seconds;
+        let pool = self.busy_gpu_seconds + self.idle_gpu_seconds;
+        say!(
+            "  [{}] the pool's busy + idle {} GPU-s against its GPUs × the time by the drill's clock: {} to {} GPU-s",
+            verdict(pool >= least && pool <= most),
+            pool,
+            least,
+            most
+        );
         say!(
             "  idle line: the shared replicas' idle {} GPU-s go to the overhead pool (the dedicated replicas' idle is acme-corp's)",
             self.shared_idle_gpu_seconds
@@ -456,6 +475,40 @@ impl Replay {
             }
         }
     }
+}
+
+/// `tenant`'s answered requests that its requests/s bucket could not have
+/// paid for, recomputed from the client's own clock (independently of the
+/// gateway's bucket): `burst` tokens, full when the replay began, refilled
+/// at `per_second`; each answered request takes a token at the moment it
+/// was sent, and one sent while the bucket held less than one counts.
+/// The gateway sees each request a little later than the client sent it
+/// (a little more refilled), so this may count a few the gateway's bucket
+/// did pay for; never fewer.
+fn admitted_without_token(outcomes: &[Outcome], tenant: usize) -> u64 {
+    /// Micro-tokens per token: exact integer refills.
+    const UNIT: u64 = 1_000_000;
+    let rate = TENANTS[tenant].rate;
+    let mut sent: Vec<Duration> = outcomes
+        .iter()
+        .filter(|o| o.tenant == tenant && o.status == 200)
+        .map(|o| o.sent_at)
+        .collect();
+    sent.sort();
+    let full = u64::from(rate.burst) * UNIT;
+    let (mut bucket, mut last, mut without) = (full, Duration::ZERO, 0);
+    for at in sent {
+        // `per_second` tokens a second are `per_second` micro-tokens a µs.
+        let refill = (at - last).as_micros() as u64 * u64::from(rate.per_second);
+        bucket = (bucket + refill).min(full);
+        last = at;
+        if bucket >= UNIT {
+            bucket -= UNIT;
+        } else {
+            without += 1;
+        }
+    }
+    without
 }
 
 pub fn closing(replays: &[Replay]) {
