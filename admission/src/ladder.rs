@@ -7,8 +7,9 @@
 //!   every replica they may use refused them for their class (the
 //!   pool's own refusals, not its KV readings, which lag admission while
 //!   long prefills run), and more arrive than leave. It stays saturated
-//!   until the queue is empty. Then priority 1 is refused (429 `degraded`),
-//!   2 keeps 25% of its rate, 3 keeps 50%. The lowest levels' own backlog
+//!   until the queue is empty. Then, on that model's pool only, priority 1
+//!   is refused (429 `degraded`), 2 keeps 25% of its rate, 3 keeps 50%;
+//!   requests for the other models keep their rates. The lowest levels' own backlog
 //!   counts: a burst of priority 1 that the pool cannot serve is turned
 //!   away at the door instead of waiting and then running in batches too
 //!   large to meet its own end-to-end objective (the noisy-neighbour
@@ -25,12 +26,12 @@
 //! limits; on this gateway: every gateway computes its own from what it
 //! sees.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use fleet::ladder::{rate_percent, Borrowing};
+use fleet::ladder::{rate_percent, Borrowing, SATURATED_PERCENT};
 
 /// How often the ladder is re-evaluated.
 pub const EVERY: Duration = Duration::from_secs(1);
@@ -38,7 +39,11 @@ pub const EVERY: Duration = Duration::from_secs(1);
 /// Each priority's share of its rate, percent; cheap to clone.
 #[derive(Clone)]
 pub struct Ladder {
+    /// Each priority's share with SLO borrowing alone (every pool).
     percent: Arc<[AtomicU32; 5]>,
+    /// The models whose pool is saturated: their lower priorities also
+    /// follow [`fleet::ladder::SATURATED_PERCENT`].
+    saturated: Arc<RwLock<HashSet<String>>>,
     state: Arc<Mutex<State>>,
 }
 
@@ -46,6 +51,13 @@ impl std::fmt::Debug for Ladder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ladder")
             .field("percent", &self.all())
+            .field(
+                "saturated",
+                &*self
+                    .saturated
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner),
+            )
             .finish()
     }
 }
@@ -56,7 +68,7 @@ struct State {
     /// Each model's queue depth at the last look.
     depth: HashMap<String, usize>,
     /// The models found saturated at the last look.
-    saturated: std::collections::HashSet<String>,
+    saturated: HashSet<String>,
 }
 
 impl Default for Ladder {
@@ -64,6 +76,7 @@ impl Default for Ladder {
     fn default() -> Self {
         Self {
             percent: Arc::new(std::array::from_fn(|_| AtomicU32::new(100))),
+            saturated: Arc::default(),
             state: Arc::default(),
         }
     }
@@ -75,12 +88,23 @@ impl Ladder {
         Self::default()
     }
 
-    /// The share of its rate `priority` keeps now, percent.
-    pub fn percent(&self, priority: i16) -> u32 {
+    /// The share of its rate `priority` keeps now on `model`'s pool, percent.
+    pub fn percent(&self, model: &str, priority: i16) -> u32 {
         let i = (priority.clamp(1, 5) - 1) as usize;
-        self.percent[i].load(Ordering::Relaxed)
+        let borrowed = self.percent[i].load(Ordering::Relaxed);
+        let saturated = self
+            .saturated
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(model);
+        if saturated {
+            borrowed.min(SATURATED_PERCENT[i])
+        } else {
+            borrowed
+        }
     }
 
+    /// Each priority's share on a pool that is not saturated.
     pub fn all(&self) -> [u32; 5] {
         std::array::from_fn(|i| self.percent[i].load(Ordering::Relaxed))
     }
@@ -94,7 +118,6 @@ impl Ladder {
         now: Instant,
     ) -> [u32; 5] {
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut saturated = false;
         for (model, depth) in models {
             let before = st.depth.insert(model.clone(), *depth).unwrap_or(0);
             // Saturated when the queue held at two looks a second apart and
@@ -107,7 +130,6 @@ impl Ladder {
             } else {
                 st.saturated.remove(model);
             }
-            saturated |= now_saturated;
         }
         for tenant in windows.tenants() {
             let r = windows.report(&tenant, now);
@@ -121,11 +143,24 @@ impl Ladder {
                 .update(pressure);
         }
         let borrowing: Vec<Borrowing> = st.borrowing.values().copied().collect();
-        let percent = rate_percent(saturated, &borrowing);
+        let percent = rate_percent(false, &borrowing);
         for (slot, p) in self.percent.iter().zip(percent) {
             slot.store(p, Ordering::Relaxed);
         }
-        crate::telemetry::ladder(&percent, saturated);
+        *self
+            .saturated
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = st.saturated.clone();
+        let saturated_percent = rate_percent(true, &borrowing);
+        for (model, _) in models {
+            let saturated = st.saturated.contains(model);
+            let shares = if saturated {
+                &saturated_percent
+            } else {
+                &percent
+            };
+            crate::telemetry::ladder(model, shares, saturated);
+        }
         percent
     }
 }

@@ -15,12 +15,16 @@ pub fn queued(model: &str, depth: usize) {
 }
 
 /// The ladder's shares and whether a pool is saturated.
-pub fn ladder(percent: &[u32; 5], saturated: bool) {
+pub fn ladder(model: &str, percent: &[u32; 5], saturated: bool) {
     for (i, p) in percent.iter().enumerate() {
-        gauge!("gateway_priority_rate_percent", "priority" => (i + 1).to_string())
+        gauge!("gateway_priority_rate_percent", "model" => model.to_owned(), "priority" => (i + 1).to_string())
             .set(f64::from(*p));
     }
-    gauge!("gateway_pool_saturated").set(if saturated { 1.0 } else { 0.0 });
+    gauge!("gateway_pool_saturated", "model" => model.to_owned()).set(if saturated {
+        1.0
+    } else {
+        0.0
+    });
 }
 
 pub fn limits_mode(mode: &'static str) {

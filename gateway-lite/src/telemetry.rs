@@ -114,11 +114,11 @@ pub fn describe() {
     );
     metrics::describe_gauge!(
         "gateway_priority_rate_percent",
-        "Share of its requests/s each priority keeps (the degradation ladder and capacity borrowing; GATEWAY_QUEUE=on)"
+        "Share of its requests/s each priority keeps on each simulated model's pool (the degradation ladder and capacity borrowing; GATEWAY_QUEUE=on)"
     );
     metrics::describe_gauge!(
         "gateway_pool_saturated",
-        "1 while a simulated model's replica is past 85% of KV with its queue not shrinking"
+        "1 while a simulated model's pool refuses requests for their class with its queue not shrinking (its lower priorities degraded, the other pools untouched)"
     );
     metrics::describe_gauge!(
         "gateway_queue_depth",

@@ -90,7 +90,7 @@ async fn the_next_in_line_runs_when_room_comes(
     while !tests::gateway::metrics(url)
         .await
         .lines()
-        .any(|l| l == "gateway_pool_saturated 0")
+        .any(|l| l == "gateway_pool_saturated{model=\"llama-3.1-8b\"} 0")
     {
         assert!(
             recovered.elapsed() < Duration::from_secs(10),
@@ -165,7 +165,7 @@ async fn a_full_replica_queues_and_a_freed_one_takes_the_next_in_line() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_saturated_pool_refuses_priority_one_until_it_recovers() {
+async fn a_saturated_pool_refuses_priority_one_on_it_alone_until_it_recovers() {
     let stack = TestStack::new("gwladder").await;
     let limits = generous();
     const STANDARD: &str = "sk-test-ladder-std";
@@ -243,9 +243,11 @@ async fn a_saturated_pool_refuses_priority_one_until_it_recovers() {
     // Deadlines are generous: on a loaded machine (Redis itself timing
     // out) one probe can take over a second to be answered.
     let shows_saturated = |m: &str| {
-        m.lines().any(|l| l == "gateway_pool_saturated 1")
-            && m.lines()
-                .any(|l| l == "gateway_priority_rate_percent{priority=\"1\"} 0")
+        m.lines()
+            .any(|l| l == "gateway_pool_saturated{model=\"llama-3.1-8b\"} 1")
+            && m.lines().any(|l| {
+                l == "gateway_priority_rate_percent{model=\"llama-3.1-8b\",priority=\"1\"} 0"
+            })
     };
     let mut metrics_said_so = false;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -292,6 +294,34 @@ async fn a_saturated_pool_refuses_priority_one_until_it_recovers() {
             .unwrap()
             .contains("saturated"),
         "{refused}"
+    );
+    // Only that pool: priority 1 is still answered on another model, and
+    // refused again on the saturated one right after.
+    let other = client
+        .post(&chat)
+        .bearer_auth(LOW)
+        .json(&json!({"model": "llama-3.1-70b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        other.status(),
+        200,
+        "another pool: {}",
+        other.text().await.unwrap()
+    );
+    let again = client
+        .post(&chat)
+        .bearer_auth(LOW)
+        .json(&small())
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        again.status(),
+        429,
+        "the saturated pool still refuses priority 1"
     );
     // /metrics says so too (beside a probe, or at its next look if a
     // queued client was just between two attempts).

@@ -123,7 +123,7 @@ impl Limiter {
             let share = self
                 .ladder
                 .as_ref()
-                .map_or(100, |l| l.percent(caller.priority));
+                .map_or(100, |l| l.percent(ask.model, caller.priority));
             let scaled = RequestRate {
                 per_second: (u64::from(r.per_second) * u64::from(share) / 100).max(1) as u32,
                 burst: (u64::from(r.burst) * u64::from(share) / 100).max(1) as u32,
@@ -195,14 +195,14 @@ impl Limiter {
         let degraded = self
             .ladder
             .as_ref()
-            .filter(|l| l.percent(caller.priority) == 0);
+            .filter(|l| l.percent(ask.model, caller.priority) == 0);
         if degraded.is_some() {
             return Err(Rejected {
                 limit: LimitKind::Degraded,
                 wait: Duration::from_secs(1),
                 message: format!(
-                    "the pool is saturated: priority {} is refused until it recovers",
-                    caller.priority
+                    "the {} pool is saturated: priority {} is refused on it until it recovers",
+                    ask.model, caller.priority
                 ),
             });
         }

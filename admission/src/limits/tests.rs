@@ -49,7 +49,7 @@ fn caller(rpm: Option<u32>, tpm: Option<u64>, conc: Option<u32>) -> Caller {
 }
 
 #[tokio::test]
-async fn a_saturated_pool_refuses_priority_1_with_or_without_a_rate_limit() {
+async fn a_saturated_pool_refuses_priority_1_with_or_without_a_rate_limit_and_only_on_it() {
     let ladder = crate::ladder::Ladder::new();
     let l = Limiter::default().with_ladder(ladder.clone());
     let low = |rate: Option<RequestRate>| Caller {
@@ -67,9 +67,13 @@ async fn a_saturated_pool_refuses_priority_1_with_or_without_a_rate_limit() {
     // saturation); still as many at the next: saturated.
     let windows = fleet::slo::Windows::default();
     ladder.evaluate(&[("m".into(), 3)], &windows, t0);
-    assert_eq!(ladder.percent(1), 100, "one look is not enough");
-    ladder.evaluate(&[("m".into(), 3)], &windows, t0);
-    assert_eq!(ladder.percent(1), 0);
+    assert_eq!(ladder.percent("m", 1), 100, "one look is not enough");
+    ladder.evaluate(&[("m".into(), 3), ("other".into(), 0)], &windows, t0);
+    assert_eq!(ladder.percent("m", 1), 0);
+    // Only that pool: priority 1 keeps its whole rate on another model.
+    assert_eq!(ladder.percent("other", 1), 100);
+    drop(admit(&l, &low(None), "other", 10, t0).await.unwrap());
+    drop(admit(&l, &limited, "other", 10, t0).await.unwrap());
     for c in [low(None), limited] {
         let r = admit(&l, &c, "m", 10, t0).await.unwrap_err();
         assert_eq!(r.limit, LimitKind::Degraded, "{:?}", c.rate);
