@@ -110,7 +110,10 @@ impl PrivateRedis {
                 "a temporary directory for a private Redis",
             ))?;
         let port = free_port()?;
-        let service = Service::spawn(spec("private redis", server_bin()?, port, dir.path()))?;
+        // `DEBUG SLEEP` from this machine only: tests stall it on purpose.
+        let spec = spec("private redis", server_bin()?, port, dir.path())
+            .args(["--enable-debug-command", "local"]);
+        let service = Service::spawn(spec)?;
         let mut redis = Self {
             service,
             port,
@@ -147,6 +150,35 @@ impl PrivateRedis {
             Ok(Some(())) => Ok(()),
             _ => Err(DevstackError::Command {
                 command: format!("FLUSHALL on the private redis at 127.0.0.1:{}", self.port),
+                detail: "no +OK".into(),
+            }),
+        }
+    }
+
+    /// `DEBUG SLEEP secs`: the server answers nobody for that long (as a
+    /// Redis stalled by a slow command or a fork); returns when it is over.
+    pub async fn stall(&self, secs: u32) -> Result<()> {
+        let addr = format!("127.0.0.1:{}", self.port);
+        let answered = tokio::task::spawn_blocking(move || {
+            let mut stream = crate::health::connect(&addr)?;
+            stream
+                .set_read_timeout(Some(Duration::from_secs(u64::from(secs) + 5)))
+                .ok()?;
+            stream
+                .write_all(format!("DEBUG SLEEP {secs}\r\n").as_bytes())
+                .ok()?;
+            let mut buf = [0u8; 5];
+            stream.read_exact(&mut buf).ok()?;
+            (&buf == b"+OK\r\n").then_some(())
+        })
+        .await;
+        match answered {
+            Ok(Some(())) => Ok(()),
+            _ => Err(DevstackError::Command {
+                command: format!(
+                    "DEBUG SLEEP on the private redis at 127.0.0.1:{}",
+                    self.port
+                ),
                 detail: "no +OK".into(),
             }),
         }

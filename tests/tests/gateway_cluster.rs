@@ -615,3 +615,98 @@ async fn without_redis_three_gateways_and_a_restarted_one_never_pass_a_concurren
     );
     drop(held);
 }
+
+/// A Redis that stalls (`DEBUG SLEEP 3`) under traffic on two gateways:
+/// no request waits for it (a Redis call may take 250 ms; the bound is 1 s)
+/// before the gateway counts Redis unreachable and goes local, answers
+/// keep coming during the stall, no answer is a 5xx, both gateways are
+/// shared again after it, and every answer is billed once with the tokens
+/// its client was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_redis_slows_no_answer_and_bills_each_once() {
+    let redis = PrivateRedis::start().await.unwrap();
+    let stack = TestStack::new("gwstall").await;
+    const KEY: &str = "sk-test-stall-0001";
+    let limits = TenantLimits {
+        rpm: Some(100_000),
+        tpm: Some(100_000_000),
+        max_concurrency: Some(8),
+        ..Default::default()
+    };
+    seed_tenant(&stack, "stall", KEY, limits).await;
+    let (a, url_a) = gateway(&stack, "gw-a", 0, Some(&redis.url())).await;
+    let (b, url_b) = gateway(&stack, "gw-b", 0, Some(&redis.url())).await;
+    let ingest = start_ingest(&stack);
+    for url in [&url_a, &url_b] {
+        wait_mode(url, "shared", Duration::from_secs(10)).await;
+    }
+    let began = Instant::now();
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let urls = [url_a.clone(), url_b.clone()];
+            tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                // (sent at, took, status, what the client was told)
+                let mut seen = Vec::new();
+                let mut n = 0;
+                while began.elapsed() < Duration::from_secs(9) {
+                    let sent = began.elapsed();
+                    let res = client
+                        .post(format!("{}/v1/chat/completions", urls[n % 2]))
+                        .bearer_auth(KEY)
+                        .json(&chat("llama-3.1-8b", &format!("stall {c} {n}"), 3))
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = res.status().as_u16();
+                    let told = if status == 200 {
+                        Some(usage(&res.json().await.unwrap()))
+                    } else {
+                        None
+                    };
+                    seen.push((sent, began.elapsed() - sent, status, told));
+                    n += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                seen
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stalled = began.elapsed();
+    redis.stall(3).await.unwrap();
+    let resumed = began.elapsed();
+    let mut told = Told::new();
+    let (mut during, mut slowest, mut all) = (0, Duration::ZERO, 0);
+    for c in clients {
+        for (sent, took, status, usage) in c.await.unwrap() {
+            all += 1;
+            assert!(
+                status == 200 || status == 429,
+                "status {status} during a stall"
+            );
+            slowest = slowest.max(took);
+            if let Some(u) = usage {
+                add(&mut told, "stall", u);
+                if sent > stalled + Duration::from_millis(500) && sent + took < resumed {
+                    during += 1;
+                }
+            }
+        }
+    }
+    eprintln!(
+        "stall {stalled:?}..{resumed:?}: {all} requests, {during} answered inside the stall, slowest {slowest:?}"
+    );
+    assert!(
+        during >= 20,
+        "answers kept coming during the stall: {during}"
+    );
+    assert!(
+        slowest < Duration::from_millis(1_000),
+        "no answer waits for a stalled Redis: slowest {slowest:?}"
+    );
+    for url in [&url_a, &url_b] {
+        wait_mode(url, "shared", Duration::from_secs(15)).await;
+    }
+    wait_hourly(&stack, &told, &[&a, &b, &ingest]).await;
+}
