@@ -38,8 +38,10 @@ const TENANTS: [(&str, i32, usize); 5] = [
 const WINDOW: Duration = Duration::from_secs(10);
 const WINDOWS: u32 = 4;
 /// Over HTTP on a busy machine, in 10 s windows where the smallest
-/// tenants complete ~1.2 GPU-s each: ±15% of each weight's share.
-const BOUND: f64 = 0.15;
+/// tenants complete ~1.2 GPU-s each: ±35% of each weight's share.
+/// Measured within 5% on a quiet machine, 24% once with a release build
+/// running beside it; with the weights ignored the worst share is 214% off.
+const BOUND: f64 = 0.35;
 
 /// The pool: `llama-3.1-8b` by name (its prices), a tiny model by
 /// profile, so a few dozen clients saturate it.
