@@ -136,37 +136,24 @@ impl PrivateRedis {
     /// `FLUSHALL`: every key gone, the server still up (as an operator's
     /// `redis-cli FLUSHALL`).
     pub async fn flushall(&self) -> Result<()> {
-        let addr = format!("127.0.0.1:{}", self.port);
-        let flushed = tokio::task::spawn_blocking(move || {
-            let mut stream = crate::health::connect(&addr)?;
-            stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-            stream.write_all(b"FLUSHALL\r\n").ok()?;
-            let mut buf = [0u8; 5];
-            stream.read_exact(&mut buf).ok()?;
-            (&buf == b"+OK\r\n").then_some(())
-        })
-        .await;
-        match flushed {
-            Ok(Some(())) => Ok(()),
-            _ => Err(DevstackError::Command {
-                command: format!("FLUSHALL on the private redis at 127.0.0.1:{}", self.port),
-                detail: "no +OK".into(),
-            }),
-        }
+        self.ok("FLUSHALL".into(), Duration::from_secs(5)).await
     }
 
     /// `DEBUG SLEEP secs`: the server answers nobody for that long (as a
     /// Redis stalled by a slow command or a fork); returns when it is over.
     pub async fn stall(&self, secs: u32) -> Result<()> {
+        let wait = Duration::from_secs(u64::from(secs) + 5);
+        self.ok(format!("DEBUG SLEEP {secs}"), wait).await
+    }
+
+    /// Sends `command` (inline) and expects `+OK` within `wait`.
+    async fn ok(&self, command: String, wait: Duration) -> Result<()> {
         let addr = format!("127.0.0.1:{}", self.port);
+        let line = format!("{command}\r\n");
         let answered = tokio::task::spawn_blocking(move || {
             let mut stream = crate::health::connect(&addr)?;
-            stream
-                .set_read_timeout(Some(Duration::from_secs(u64::from(secs) + 5)))
-                .ok()?;
-            stream
-                .write_all(format!("DEBUG SLEEP {secs}\r\n").as_bytes())
-                .ok()?;
+            stream.set_read_timeout(Some(wait)).ok()?;
+            stream.write_all(line.as_bytes()).ok()?;
             let mut buf = [0u8; 5];
             stream.read_exact(&mut buf).ok()?;
             (&buf == b"+OK\r\n").then_some(())
@@ -175,10 +162,7 @@ impl PrivateRedis {
         match answered {
             Ok(Some(())) => Ok(()),
             _ => Err(DevstackError::Command {
-                command: format!(
-                    "DEBUG SLEEP on the private redis at 127.0.0.1:{}",
-                    self.port
-                ),
+                command: format!("{command} on the private redis at 127.0.0.1:{}", self.port),
                 detail: "no +OK".into(),
             }),
         }

@@ -73,6 +73,17 @@ async fn wait_mode(url: &str, want: &str, within: Duration) -> Duration {
     }
 }
 
+/// Waits until the gateway at `url` has seen `n` gateways alive (its
+/// heartbeat runs every 5 s).
+async fn wait_peers(url: &str, n: u32) {
+    let want = format!("gateway_peers {n}");
+    let deadline = Instant::now() + Duration::from_secs(12);
+    while !metrics(url).await.lines().any(|l| l == want) {
+        assert!(Instant::now() < deadline, "{url} never saw {n} gateways");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// What the client was told in a 200: (prompt, cached, completion).
 fn usage(v: &Value) -> (i64, i64, i64) {
     let u = &v["usage"];
@@ -126,11 +137,7 @@ async fn three_gateways_behind_nginx_admit_one_keys_limit_between_them() {
     }
     // Every gateway has seen the other two (heartbeats every 5 s).
     for (_, url) in &gateways {
-        let deadline = Instant::now() + Duration::from_secs(12);
-        while !metrics(url).await.lines().any(|l| l == "gateway_peers 3") {
-            assert!(Instant::now() < deadline, "{url} never saw 3 gateways");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_peers(url, 3).await;
         assert_eq!(mode(url).await, "shared");
     }
     // In front of them, nginx (round robin), as a load balancer would be.
@@ -511,11 +518,7 @@ async fn without_redis_three_gateways_and_a_restarted_one_never_pass_a_concurren
         gateways.push(start_gateway_named(&stack, id, 1, &settings).await);
     }
     for (_, url) in &gateways {
-        let deadline = Instant::now() + Duration::from_secs(12);
-        while !metrics(url).await.lines().any(|l| l == "gateway_peers 3") {
-            assert!(Instant::now() < deadline, "{url} never saw 3 gateways");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_peers(url, 3).await;
     }
     let client = reqwest::Client::new();
     let send = |url: &str, body: Value| {

@@ -65,25 +65,33 @@ fn profiles(dir: &std::path::Path) -> String {
     path.display().to_string()
 }
 
+/// Seeds `tenant` (key `sk-test-{tenant}`, limits far above what it
+/// sends) at `priority` with `weight` and a TTFT objective, its wait budget.
+async fn seed(stack: &TestStack, tenant: &str, priority: i16, weight: i32, ttft_ms: i32) {
+    let limits = TenantLimits {
+        rpm: Some(1_000_000),
+        tpm: Some(1_000_000_000),
+        ..Default::default()
+    };
+    seed_tenant(stack, tenant, &format!("sk-test-{tenant}"), limits).await;
+    sqlx::query(
+        "UPDATE tenants SET priority = $2, wfq_weight = $3, slo_ttft_p95_ms = $4 WHERE tenant_id = $1",
+    )
+    .bind(tenant)
+    .bind(priority)
+    .bind(weight)
+    .bind(ttft_ms)
+    .execute(&stack.pool)
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backlogged_tenants_share_gpu_time_by_weight_over_http() {
     let stack = TestStack::new("gwweights").await;
     for (tenant, weight, _) in TENANTS {
-        let limits = TenantLimits {
-            rpm: Some(1_000_000),
-            tpm: Some(1_000_000_000),
-            ..Default::default()
-        };
-        seed_tenant(&stack, tenant, &format!("sk-test-{tenant}"), limits).await;
         // One level (standard), the reference weights, a 30 s wait budget.
-        sqlx::query(
-            "UPDATE tenants SET priority = 3, wfq_weight = $2, slo_ttft_p95_ms = 30000 WHERE tenant_id = $1",
-        )
-        .bind(tenant)
-        .bind(weight)
-        .execute(&stack.pool)
-        .await
-        .unwrap();
+        seed(&stack, tenant, 3, weight, 30_000).await;
     }
     let settings = [
         ("GATEWAY_QUEUE", "on".to_owned()),
@@ -190,19 +198,7 @@ async fn backlogged_tenants_share_gpu_time_by_weight_over_http() {
 async fn a_lower_level_never_runs_while_a_higher_one_waits_over_http() {
     let stack = TestStack::new("gwstrict").await;
     for (tenant, priority, ttft_ms) in [("p-high", 5, 30_000), ("p-low", 4, 200)] {
-        let limits = TenantLimits {
-            rpm: Some(1_000_000),
-            tpm: Some(1_000_000_000),
-            ..Default::default()
-        };
-        seed_tenant(&stack, tenant, &format!("sk-test-{tenant}"), limits).await;
-        sqlx::query("UPDATE tenants SET priority = $2, slo_ttft_p95_ms = $3 WHERE tenant_id = $1")
-            .bind(tenant)
-            .bind(priority)
-            .bind(ttft_ms)
-            .execute(&stack.pool)
-            .await
-            .unwrap();
+        seed(&stack, tenant, priority, 1, ttft_ms).await;
     }
     let settings = [
         ("GATEWAY_QUEUE", "on".to_owned()),
